@@ -1,0 +1,68 @@
+"""Checks on the composed config that need no TensorFlow, so bad input fails in a second."""
+from omegaconf import DictConfig
+
+STRATEGIES = ("default", "one_device", "mirrored", "central_storage",
+              "multi_worker_mirrored", "parameter_server")
+MODELS = ("cnn", "mlp")
+DATA_SOURCES = ("auto", "bundled", "keras", "idx", "synthetic")
+OPTIMIZERS = ("adam", "sgd")
+
+
+class ConfigError(Exception):
+    """Bad input: the message is one line naming the problem and the fix."""
+
+
+def _positive_int(value, key):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{key}={value!r} must be a positive integer: set e.g. {key}=1")
+
+
+def _choice(value, key, options):
+    if value not in options:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(options)}: set e.g. {key}={options[0]}")
+
+
+def configured_replicas(strategy: DictConfig):
+    """Replicas implied by the config alone, or None when it depends on the GPUs present."""
+    if strategy.name in ("default", "one_device", "parameter_server"):
+        return 1
+    if strategy.get("devices"):
+        return len(strategy.devices)
+    if strategy.get("cpu_virtual_devices", 0) > 1:
+        return strategy.cpu_virtual_devices
+    return None  # one replica per GPU present: the task checks once it sees the devices
+
+
+def validate(cfg: DictConfig) -> None:
+    t = cfg.trainer
+    _choice(cfg.strategy.name, "strategy", STRATEGIES)
+    _choice(cfg.model.name, "model", MODELS)
+    _choice(cfg.data.source, "data.source", DATA_SOURCES)
+    _choice(cfg.optimizer, "optimizer", OPTIMIZERS)
+    for key in ("epochs", "batch_size", "steps_per_execution"):
+        _positive_int(t[key], f"trainer.{key}")
+    if not isinstance(t.learning_rate, (int, float)) or t.learning_rate <= 0:
+        raise ConfigError(f"trainer.learning_rate={t.learning_rate!r} must be a positive number: "
+                          "set e.g. trainer.learning_rate=0.001")
+    vdev = cfg.strategy.get("cpu_virtual_devices", 0)
+    if isinstance(vdev, bool) or not isinstance(vdev, int) or vdev < 0:
+        raise ConfigError(f"strategy.cpu_virtual_devices={vdev!r} must be 0 (off) or a positive "
+                          "integer: set e.g. strategy.cpu_virtual_devices=2")
+    devices = cfg.strategy.get("devices")
+    if devices is not None and (isinstance(devices, str) or len(devices) == 0):
+        raise ConfigError(f"strategy.devices={devices!r} must be a list of devices: "
+                          "set e.g. 'strategy.devices=[/cpu:0,/cpu:1]'")
+    if cfg.data.source == "idx" and not cfg.data.path:
+        raise ConfigError("data.source=idx needs data.path: set data.path=/dir/with/idx-files")
+    if cfg.data.source == "synthetic":
+        _positive_int(cfg.data.train_examples, "data.train_examples")
+        _positive_int(cfg.data.test_examples, "data.test_examples")
+    check_batch_divides(t.batch_size, configured_replicas(cfg.strategy))
+
+
+def check_batch_divides(batch_size: int, replicas) -> None:
+    if replicas and batch_size % replicas:
+        lower = batch_size - batch_size % replicas
+        raise ConfigError(f"trainer.batch_size={batch_size} is the global batch and must divide evenly "
+                          f"over {replicas} replicas: set trainer.batch_size={lower or replicas} "
+                          f"or {lower + replicas}")

@@ -1,0 +1,177 @@
+"""MNIST-shaped data: where it comes from (numpy only) and the one tf.data pipeline.
+
+Loading imports no TensorFlow, so the launcher can settle `data.source=auto` once for every task.
+"""
+import gzip
+import os
+import shutil
+import struct
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .config import ConfigError
+
+BUNDLED = Path(__file__).parent / "data" / "mnist-10k.npz"
+BUNDLED_TRAIN = 8000
+KERAS_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+
+
+def keras_cache(name: str) -> Path:
+    """Where tf_keras.datasets keeps a download (it honours KERAS_HOME too)."""
+    home = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras"))
+    return home / "datasets" / ("mnist.npz" if name == "mnist" else "fashion-mnist")
+
+
+def resolve_source(data) -> tuple[str, str]:
+    """For source=auto: the concrete source to use, and why."""
+    if data.source != "auto":
+        return data.source, "set in the config"
+    cache = keras_cache(data.name)
+    if data.name != "mnist":
+        if cache.exists():
+            return "keras", f"Keras cache found at {cache}"
+        if data.path and Path(data.path).is_dir():
+            return "idx", f"IDX files found in {data.path}"
+        raise ConfigError(f"no {data.name} data found (no {cache}, no {data.path}): "
+                          "install Debian's dataset-fashion-mnist or set data.source=keras")
+    if cache.exists():
+        return "keras", f"Keras cache found at {cache}"
+    if not data.download_timeout:
+        return "bundled", f"no Keras cache at {cache}, download off (data.download_timeout=0)"
+    failure = _download(KERAS_URL, cache, data.download_timeout)
+    if failure is None:
+        return "keras", f"downloaded full MNIST to {cache}"
+    return "bundled", f"no Keras cache at {cache}, download failed ({failure})"
+
+
+def _download(url: str, dest: Path, timeout: float):
+    """Fetch url to dest; None on success, else why not."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as f:
+            shutil.copyfileobj(response, f)
+        os.replace(part, dest)  # atomic: a half download never looks like a cache
+        return None
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        return getattr(exc, "reason", exc)
+
+
+def load(data, seed: int):
+    """((x_train, y_train), (x_test, y_test)): uint8 images (N, 28, 28), int labels (N,)."""
+    source = data.source
+    if source == "bundled":
+        images, labels = _read_npz(BUNDLED, "images", "labels")
+        order = np.random.default_rng(seed).permutation(len(labels))  # the file is sorted by class
+        images, labels = images[order], labels[order]
+        splits = ((images[:BUNDLED_TRAIN], labels[:BUNDLED_TRAIN]),
+                  (images[BUNDLED_TRAIN:], labels[BUNDLED_TRAIN:]))
+    elif source == "keras":
+        import tf_keras  # downloads into keras_cache() when missing
+        module = tf_keras.datasets.mnist if data.name == "mnist" else tf_keras.datasets.fashion_mnist
+        try:
+            splits = module.load_data()
+        except Exception as exc:  # noqa: BLE001 - any failure here is "no data", said in one line
+            raise ConfigError(f"data.source=keras could not load {data.name} ({exc}): "
+                              "check the network or use data.source=bundled") from None
+    elif source == "idx":
+        splits = _read_idx_dir(Path(data.path))
+    elif source == "synthetic":
+        splits = synthetic(data.train_examples, data.test_examples, seed)
+    else:
+        raise ConfigError(f"data.source={source!r} is unknown: use auto, bundled, keras, idx or synthetic")
+    for images, labels in splits:
+        _check(images, labels, source)
+    return splits
+
+
+def _read_npz(path: Path, images_key: str, labels_key: str):
+    try:
+        with np.load(path) as f:
+            return f[images_key], f[labels_key]
+    except FileNotFoundError:
+        raise ConfigError(f"data file {path} is missing: reinstall the package or use another data.source") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+        raise ConfigError(f"data file {path} is corrupt ({exc}): replace it or use another data.source") from None
+
+
+def _read_idx_dir(path: Path):
+    if not path.is_dir():
+        raise ConfigError(f"data.path={path} is not a directory: point it at the IDX files "
+                          "(for Fashion-MNIST: apt-get install dataset-fashion-mnist)")
+
+    def find(prefix, kind):
+        hits = sorted(path.glob(f"{prefix}*-{kind}-idx*-ubyte*"))
+        if not hits:
+            raise ConfigError(f"no {prefix}-{kind}-idx?-ubyte[.gz] file in {path}: "
+                              "data.path must hold the four MNIST IDX files")
+        return hits[0]
+
+    return tuple((read_idx(find(p, "images")), read_idx(find(p, "labels"))) for p in ("train", "t10k"))
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """One IDX file (optionally gzipped) as a uint8 array."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+        zero, dtype, ndim = struct.unpack(">HBB", raw[:4])
+        if zero != 0 or dtype != 0x08:
+            raise ValueError("not an unsigned-byte IDX file")
+        shape = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+        return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    except (OSError, ValueError, struct.error, EOFError) as exc:
+        raise ConfigError(f"IDX file {path} is corrupt ({exc}): replace it") from None
+
+
+def _check(images, labels, source):
+    if images.ndim != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels) or len(labels) == 0:
+        raise ConfigError(f"data from source {source} has images {images.shape} and labels {labels.shape}, "
+                          "expected (N, 28, 28) and (N,): check the data files")
+    if labels.min() < 0 or labels.max() > 9:
+        raise ConfigError(f"data from source {source} has labels outside 0-9: check the data files")
+
+
+def synthetic(train_examples: int, test_examples: int, seed: int):
+    """One random template per class; each example keeps 3/4 of its template's pixels, rest noise."""
+    rng = np.random.default_rng(seed)
+    templates = rng.integers(0, 256, (10, 28, 28), dtype=np.uint8)
+
+    def draw(n):
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        noise = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        return np.where(rng.random((n, 28, 28)) < 0.75, templates[labels], noise), labels
+
+    return draw(train_examples), draw(test_examples)
+
+
+def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, input_context=None):
+    """The pipeline every strategy uses: normalise, cache, shuffle (fixed seed), batch, prefetch.
+
+    Sync strategies pass the GLOBAL batch and let the strategy split it over replicas;
+    dataset_fn callers (parameter servers) pass an input_context and get the per-replica batch.
+    """
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((images, labels.astype(np.int32)))
+    if input_context is not None:
+        batch_size = input_context.get_per_replica_batch_size(batch_size)
+        if input_context.num_input_pipelines > 1:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    ds = ds.map(lambda x, y: (tf.expand_dims(tf.cast(x, tf.float32) / 255.0, -1), y),
+                num_parallel_calls=tf.data.AUTOTUNE).cache()
+    if shuffle_buffer:
+        ds = ds.shuffle(min(shuffle_buffer, len(labels)), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    ds = ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    # In-memory tensors have no files to shard by: split by element, consistently on every worker.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    options.deterministic = True
+    return ds.with_options(options)

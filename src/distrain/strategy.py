@@ -1,0 +1,75 @@
+"""Strategy name -> tf.distribute strategy, and the device set-up that must precede it."""
+import tensorflow as tf
+
+from .config import ConfigError
+
+
+def configure_devices(strategy_cfg) -> None:
+    """Settings the runtime accepts only before it starts: call first thing in a process."""
+    n = strategy_cfg.get("cpu_virtual_devices", 0)
+    try:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)  # share the card instead of grabbing it
+        if n > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    except RuntimeError:  # the runtime already started in this process: fine if it matches
+        if n > 1 and len(tf.config.list_logical_devices("CPU")) != n:
+            raise ConfigError(f"strategy.cpu_virtual_devices={n} cannot be applied: TensorFlow already "
+                              "started in this process; run each training in a fresh process") from None
+
+
+def _canonical(device: str) -> str:
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except (ValueError, TypeError):
+        raise ConfigError(f"device {device!r} is not a device name: write e.g. /cpu:0 or /gpu:1") from None
+    return f"/{(spec.device_type or 'CPU').lower()}:{spec.device_index or 0}"
+
+
+def local_devices() -> list[str]:
+    return [_canonical(d.name) for d in tf.config.list_logical_devices() if d.device_type in ("CPU", "GPU")]
+
+
+def _checked(devices) -> list[str]:
+    have = local_devices()
+    for device in map(_canonical, devices):
+        if device not in have:
+            raise ConfigError(f"device {device} is not on this machine (it has {', '.join(have)}): "
+                              "pick from those, or set strategy.cpu_virtual_devices=N for N CPU devices")
+    return [_canonical(d) for d in devices]
+
+
+def compute_devices(strategy_cfg) -> list[str]:
+    """Replica devices: the explicit list, else the virtual CPUs asked for, else every GPU, else the CPU."""
+    if strategy_cfg.get("devices"):
+        return _checked(strategy_cfg.devices)
+    if strategy_cfg.get("cpu_virtual_devices", 0) > 1:
+        return local_devices_of("CPU")
+    return local_devices_of("GPU") or ["/cpu:0"]
+
+
+def make_strategy(strategy_cfg, cluster_resolver=None) -> tf.distribute.Strategy:
+    name = strategy_cfg.name
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(_checked([strategy_cfg.device])[0])
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(compute_devices(strategy_cfg))
+    if name == "central_storage":
+        return tf.distribute.experimental.CentralStorageStrategy(
+            compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device])[0])
+    raise ConfigError(f"strategy={name} is not available in this process")
+
+
+def replica_devices(strategy) -> list[str]:
+    """The devices the replicas run on (the default strategy does not say: it is TensorFlow's pick)."""
+    try:
+        return list(strategy.extended.worker_devices)
+    except RuntimeError:
+        return [(local_devices_of("GPU") or ["/cpu:0"])[0]]
+
+
+def local_devices_of(kind: str) -> list[str]:
+    return [d for d in local_devices() if d.startswith(f"/{kind.lower()}")]
