@@ -1,0 +1,21 @@
+# `make train` and `make test` set everything up on first use (a .venv beside this file).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: train test clean
+
+train: $(VENV)/.installed
+	$(PY) train.py $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(ARGS)
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) outputs multirun

@@ -1,0 +1,55 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import distrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any TensorFlow import)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+TRAIN_PY = ROOT / "train.py"
+# Subprocess runs must finish well inside this; a hang fails the test instead of the suite.
+RUN_TIMEOUT = 240
+
+
+def make_cfg(*overrides):
+    """The real config, composed as `python train.py OVERRIDES` would compose it."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def small(*overrides):
+    """A quick in-process run: synthetic data, one epoch, nothing saved, silent."""
+    return make_cfg("data=synthetic", "data.train_examples=1024", "data.test_examples=256",
+                    "trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=0",
+                    "trainer.save_model=false", *overrides)
+
+
+def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, **kwargs):
+    """`python train.py ARGS` with its run directory at run_dir; never the network, never the user's cache."""
+    env = {**os.environ, "KERAS_HOME": str(run_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=run_dir.parent,
+                          **kwargs)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def two_virtual_cpus():
+    """Split this process's CPU into 2 logical devices before TensorFlow's runtime starts, once."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+@pytest.fixture(autouse=True)
+def fresh_collective_keys():
+    """In-process tests build several MirroredStrategy objects in one process (the product builds one
+    per process); TensorFlow's own tests give each its own collective key range the same way."""
+    import tensorflow as tf
+
+    tf.distribute.MirroredStrategy._collective_key_base += 10_000

@@ -1,0 +1,112 @@
+"""`python train.py` as a user runs it: a launcher process, a training child, results on disk."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import RUN_TIMEOUT, TRAIN_PY, run_cli
+
+QUICK = ["data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=1",
+         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
+
+
+def test_help_is_instant_and_lists_the_groups(tmp_path):
+    start = time.perf_counter()
+    out = run_cli(tmp_path / "run", "--help", timeout=60)
+    assert out.returncode == 0
+    assert "strategy: central_storage, default, mirrored, one_device" in out.stdout
+    assert time.perf_counter() - start < 15  # no TensorFlow import (about 1 s when warm)
+    assert "tensorflow" not in subprocess.run(
+        [sys.executable, "-c", "import sys, distrain.cli; print(sorted(sys.modules))"],
+        capture_output=True, text=True, check=True).stdout
+
+
+def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path):
+    """`python train.py` with no choices (download off so the test never needs the network)."""
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, "data.download_timeout=0")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["strategy"] == "default" and results["model"] == "cnn"
+    assert results["data_source"] == "bundled" and results["train_examples"] == 8000
+    assert results["test_accuracy"] >= 0.975, results["test_accuracy"]
+    assert "data: mnist from source bundled" in out.stdout  # the one line saying which source and why
+    assert "trainer:\n  epochs: 12" in out.stdout  # the resolved config at start
+    assert "Epoch 12/12" in out.stdout and "Test accuracy" in out.stdout.splitlines()[-1]
+    log = (run_dir / "logs" / "train.log").read_text()
+    assert "Test accuracy" in log and "\r" not in log  # progress bars collapsed to their last state
+    assert (run_dir / "saved_model" / "saved_model.pb").exists()
+    assert list((run_dir / "checkpoints").glob("ckpt-1.index"))
+    assert (run_dir / "config.yaml").read_text().count("source: bundled") == 1
+
+
+def test_mirrored_on_virtual_cpus(tmp_path):
+    out = run_cli(tmp_path / "run", "strategy=mirrored", "strategy.cpu_virtual_devices=2", *QUICK)
+    assert out.returncode == 0, out.stdout[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["num_replicas"] == 2 and results["per_replica_batch_size"] == 32
+
+
+def test_multirun_sweeps_replicas_each_in_a_fresh_process(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = subprocess.run(
+        [sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep}", "strategy=mirrored",
+         "strategy.cpu_virtual_devices=1,2", *QUICK],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    replicas = [json.loads((sweep / job / "results.json").read_text())["num_replicas"] for job in ("0", "1")]
+    assert replicas == [1, 2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["strategy=nope"], "Could not find 'strategy/nope'"),
+    (["trainer.epochs=-1"], "error: trainer.epochs=-1 must be a positive integer"),
+    (["strategy=mirrored", "strategy.cpu_virtual_devices=3"], "must divide evenly over 3 replicas"),
+    (["strategy=one_device", "strategy.device=/gpu:7"], "error: device /gpu:7 is not on this machine"),
+    (["data.source=idx", "data.path=/nonexistent"], "error: data.path=/nonexistent is not a directory"),
+])
+def test_bad_input_is_one_clear_line_and_a_nonzero_exit(tmp_path, args, message):
+    out = run_cli(tmp_path / "run", *QUICK, *args)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert message in text
+    assert "Traceback" not in text
+    if message.startswith("error:"):
+        assert sum(line.startswith("error:") for line in text.splitlines()) == 1
+    if "Could not find" in message:
+        assert "Available options in 'strategy'" in text and "mirrored" in text
+
+
+def _children_of(run_dir):
+    found = subprocess.run(["pgrep", "-f", str(run_dir / "config.yaml")], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_stops_the_training_process(tmp_path, sig, code):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", "data=synthetic",
+         "data.train_examples=512", "trainer.epochs=100000", "trainer.verbose=2", "trainer.save_model=false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        log = run_dir / "logs" / "train.log"
+        while not (log.exists() and "Epoch 2/" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "training never got going"
+            time.sleep(0.5)
+        children = _children_of(run_dir)
+        assert children, "no training process found"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == code
+        time.sleep(0.5)
+        assert _children_of(run_dir) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _children_of(run_dir):
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,61 @@
+"""The real conf/ composes in every combination a user can name, and bad values fail fast."""
+import pytest
+
+from distrain.config import ConfigError, validate
+from conftest import CONF, make_cfg
+
+
+def options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_defaults_are_the_documented_ones():
+    cfg = make_cfg()
+    assert (cfg.strategy.name, cfg.model.name, cfg.data.name) == ("default", "cnn", "mnist")
+    assert cfg.data.source == "auto"
+    validate(cfg)
+
+
+@pytest.mark.parametrize("group", ["strategy", "model", "data", "trainer", "cluster"])
+def test_every_option_composes_and_validates(group):
+    assert options(group), f"conf/{group} is empty"
+    for option in options(group):
+        cfg = make_cfg(f"{group}={option}")
+        assert cfg[group].get("name", option) == option
+        if option != "fashion_mnist":  # its data path need not exist for validation
+            validate(cfg)
+
+
+def test_strategy_group_has_the_contracted_names():
+    assert {"default", "one_device", "mirrored", "central_storage"} <= set(options("strategy"))
+    assert set(options("model")) == {"cnn", "mlp"}
+    assert set(options("data")) == {"mnist", "fashion_mnist", "synthetic"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.epochs=0"], "trainer.epochs=0 must be a positive integer"),
+    (["trainer.batch_size=-8"], "trainer.batch_size=-8 must be a positive integer"),
+    (["trainer.steps_per_execution=0"], "trainer.steps_per_execution=0"),
+    (["trainer.learning_rate=-1"], "trainer.learning_rate=-1 must be a positive number"),
+    (["optimizer=rmsprop"], "optimizer='rmsprop' is not one of adam, sgd"),
+    (["data.source=s3"], "data.source='s3' is not one of"),
+    (["data.source=idx"], "data.source=idx needs data.path"),
+    (["strategy=mirrored", "strategy.cpu_virtual_devices=3"],
+     "trainer.batch_size=128 is the global batch and must divide evenly over 3 replicas: "
+     "set trainer.batch_size=126 or 129"),
+    (["strategy=mirrored", "strategy.devices=[/cpu:0,/cpu:1,/cpu:2]", "trainer.batch_size=100"],
+     "over 3 replicas"),
+    (["strategy=mirrored", "strategy.cpu_virtual_devices=-1"], "strategy.cpu_virtual_devices=-1"),
+    (["strategy=mirrored", "strategy.devices=[]"], "must be a list of devices"),
+])
+def test_bad_values_name_the_problem_and_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validate(make_cfg(*overrides))
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text  # one line
+    assert ": set " in text  # ...that ends with the fix
+
+
+def test_batch_that_divides_over_replicas_passes():
+    validate(make_cfg("strategy=mirrored", "strategy.cpu_virtual_devices=4", "trainer.batch_size=128"))

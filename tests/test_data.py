@@ -1,0 +1,170 @@
+"""Data sources (bundled, idx, keras cache / download, synthetic) and the tf.data pipeline."""
+import functools
+import gzip
+import hashlib
+import http.server
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distrain import data
+from distrain.config import ConfigError
+from conftest import make_cfg
+
+PER_CLASS = [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]  # from the data README
+
+
+def test_bundled_file_is_the_documented_one():
+    digest = hashlib.sha256(data.BUNDLED.read_bytes()).hexdigest()
+    assert digest == "0217e13bd0668deb198aa7d305edbf0331eb89f8a6e7dd226e03d1aa3a9bd4ef"
+    assert (data.BUNDLED.parent / "README.md").read_text().count("Yann LeCun") == 1
+
+
+def test_bundled_split_is_8000_2000_shuffled_and_complete():
+    (xtr, ytr), (xte, yte) = data.load(make_cfg("data.source=bundled").data, seed=42)
+    assert xtr.shape == (8000, 28, 28) and xte.shape == (2000, 28, 28)
+    assert xtr.dtype == np.uint8 and xtr.max() == 255
+    assert np.bincount(np.concatenate([ytr, yte]), minlength=10).tolist() == PER_CLASS
+    assert len(set(yte.tolist())) == 10  # shuffled before the split: every class in the test set
+    (xtr2, ytr2), _ = data.load(make_cfg("data.source=bundled").data, seed=42)
+    np.testing.assert_array_equal(ytr, ytr2)
+    (_, ytr3), _ = data.load(make_cfg("data.source=bundled").data, seed=7)
+    assert not np.array_equal(ytr, ytr3)
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool):
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw = header + array.astype(np.uint8).tobytes()
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        raw = gzip.compress(raw)
+    path.write_bytes(raw)
+
+
+@pytest.fixture
+def idx_dir(tmp_path):
+    (xtr, ytr), (xte, yte) = data.synthetic(300, 100, seed=3)
+    for prefix, x, y, gz in (("train", xtr, ytr, True), ("t10k", xte, yte, False)):
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", x, gz)
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", y, gz)
+    return tmp_path, (xtr, ytr), (xte, yte)
+
+
+def test_idx_directory_plain_and_gzipped(idx_dir):
+    path, (xtr, ytr), (xte, yte) = idx_dir
+    (a, b), (c, d) = data.load(make_cfg("data.source=idx", f"data.path={path}").data, seed=0)
+    for got, want in ((a, xtr), (b, ytr), (c, xte), (d, yte)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_corrupt_idx_file_is_one_clear_error(idx_dir):
+    path = idx_dir[0]
+    (path / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03garbage")
+    with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte is corrupt"):
+        data.load(make_cfg("data.source=idx", f"data.path={path}").data, seed=0)
+
+
+def test_missing_idx_files_and_directory(tmp_path):
+    with pytest.raises(ConfigError, match="no train-images-idx"):
+        data.load(make_cfg("data.source=idx", f"data.path={tmp_path}").data, seed=0)
+    with pytest.raises(ConfigError, match="is not a directory"):
+        data.load(make_cfg("data.source=idx", f"data.path={tmp_path / 'nope'}").data, seed=0)
+
+
+@pytest.mark.parametrize("content, message", [(None, "is missing"), (b"not a zip", "is corrupt")])
+def test_missing_or_corrupt_bundled_file(tmp_path, monkeypatch, content, message):
+    fake = tmp_path / "mnist-10k.npz"
+    if content is not None:
+        fake.write_bytes(content)
+    monkeypatch.setattr(data, "BUNDLED", fake)
+    with pytest.raises(ConfigError, match=message):
+        data.load(make_cfg("data.source=bundled").data, seed=0)
+
+
+def test_npz_with_wrong_shapes_is_rejected(tmp_path, monkeypatch):
+    fake = tmp_path / "bad.npz"
+    np.savez(fake, images=np.zeros((10, 32, 32), np.uint8), labels=np.zeros(10, np.uint8))
+    monkeypatch.setattr(data, "BUNDLED", fake)
+    with pytest.raises(ConfigError, match=r"expected \(N, 28, 28\)"):
+        data.load(make_cfg("data.source=bundled").data, seed=0)
+
+
+def test_auto_prefers_the_keras_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    cfg = make_cfg("data.download_timeout=0").data
+    assert data.resolve_source(cfg)[0] == "bundled"
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "mnist.npz").write_bytes(b"cached")
+    source, why = data.resolve_source(cfg)
+    assert source == "keras" and "Keras cache found" in why
+
+
+@pytest.fixture
+def local_server(tmp_path):
+    """An HTTP server on 127.0.0.1 serving tmp_path/www; stopped after the test."""
+    www = tmp_path / "www"
+    www.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield www, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_auto_downloads_into_the_keras_cache(tmp_path, monkeypatch, local_server):
+    www, url = local_server
+    (www / "mnist.npz").write_bytes(data.BUNDLED.read_bytes())
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setattr(data, "KERAS_URL", f"{url}/mnist.npz")
+    source, why = data.resolve_source(make_cfg().data)
+    assert (source, why.split(" to ")[0]) == ("keras", "downloaded full MNIST")
+    assert (tmp_path / "keras" / "datasets" / "mnist.npz").read_bytes() == data.BUNDLED.read_bytes()
+
+
+def test_auto_falls_back_to_bundled_when_the_download_fails(tmp_path, monkeypatch, local_server):
+    _, url = local_server
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setattr(data, "KERAS_URL", f"{url}/absent.npz")  # 404
+    source, why = data.resolve_source(make_cfg().data)
+    assert source == "bundled" and "download failed" in why
+    assert not list((tmp_path / "keras" / "datasets").iterdir())  # no half file left as a "cache"
+
+
+def test_fashion_mnist_without_files_says_how_to_get_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    cfg = make_cfg("data=fashion_mnist", "data.source=auto", f"data.path={tmp_path / 'none'}").data
+    with pytest.raises(ConfigError, match="install Debian's dataset-fashion-mnist"):
+        data.resolve_source(cfg)
+
+
+def test_synthetic_is_deterministic_and_class_dependent():
+    (x1, y1), _ = data.synthetic(500, 10, seed=1)
+    (x2, y2), _ = data.synthetic(500, 10, seed=1)
+    np.testing.assert_array_equal(x1, x2)
+    # Same-class images agree on far more pixels than different-class ones: there is a signal to learn.
+    same = np.mean(x1[y1 == 3][0] == x1[y1 == 3][1])
+    other = np.mean(x1[y1 == 3][0] == x1[y1 == 4][0])
+    assert same > 0.5 > other
+
+
+def test_pipeline_normalises_batches_and_shuffles_reproducibly():
+    import tensorflow as tf
+
+    (x, y), _ = data.synthetic(100, 1, seed=0)
+    batches = list(data.make_dataset(x, y, 32, seed=5, shuffle_buffer=1000))
+    assert [b[0].shape for b in batches] == [(32, 28, 28, 1)] * 3 + [(4, 28, 28, 1)]
+    images = np.concatenate([b[0] for b in batches])
+    assert images.dtype == np.float32 and 0.0 <= images.min() and images.max() <= 1.0
+    labels = np.concatenate([b[1] for b in batches])
+    assert sorted(labels.tolist()) == sorted(y.tolist()) and labels.tolist() != y.tolist()
+    again = np.concatenate([b[1] for b in data.make_dataset(x, y, 32, seed=5, shuffle_buffer=1000)])
+    np.testing.assert_array_equal(labels, again)
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
+    shard = list(data.make_dataset(x, y, 32, seed=5, input_context=ctx))
+    assert sum(len(b[1]) for b in shard) == 50 and shard[0][0].shape[0] == 16  # half the data, per-replica batch

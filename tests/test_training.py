@@ -1,0 +1,80 @@
+"""Every single-machine strategy trains in-process on 2 virtual CPUs; sync training is exact."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from distrain.config import ConfigError
+from distrain.training import train
+from conftest import small
+
+REQUIRED = {"strategy", "num_replicas", "num_workers", "num_ps", "model", "model_params", "epochs",
+            "global_batch_size", "data_source", "train_examples", "test_examples", "train_seconds",
+            "examples_per_sec", "test_accuracy", "test_loss", "final_train_loss"}
+
+
+@pytest.mark.parametrize("strategy, overrides, replicas", [
+    ("default", [], 1),
+    ("one_device", ["strategy.device=/cpu:1"], 1),
+    ("mirrored", ["strategy.cpu_virtual_devices=2"], 2),
+    ("central_storage", ["strategy.cpu_virtual_devices=2"], 2),
+])
+def test_each_strategy_trains_and_reports(tmp_path, strategy, overrides, replicas):
+    results, _ = train(small(f"strategy={strategy}", "trainer.epochs=2", *overrides), tmp_path)
+    assert REQUIRED <= results.keys()
+    assert results["num_replicas"] == replicas == len(results["devices"])
+    assert results["per_replica_batch_size"] * replicas == results["global_batch_size"] == 64
+    assert results["train_examples"] == 1024 and results["test_examples"] == 256
+    assert results["test_accuracy"] > 0.5  # chance is 0.1
+    assert results["history"]["loss"][1] < results["history"]["loss"][0]
+    assert results["examples_per_sec"] > 0 and len(results["epoch_seconds"]) == 2
+
+
+def sgd_mlp(strategy, batch_size=64):
+    return small(f"strategy={strategy}", "strategy.cpu_virtual_devices=2", "model=mlp", "optimizer=sgd",
+                 "trainer.learning_rate=0.1", "trainer.epochs=2", f"trainer.batch_size={batch_size}")
+
+
+def test_mirrored_is_the_same_training_as_one_device(tmp_path):
+    """Gradients averaged over 2 replicas of batch B/2 == one device with batch B (model=mlp, SGD)."""
+    _, single = train(sgd_mlp("default"), tmp_path)
+    _, mirrored = train(sgd_mlp("mirrored"), tmp_path)
+    _, half_batch = train(sgd_mlp("default", batch_size=32), tmp_path)
+    for w_single, w_mirrored in zip(single.get_weights(), mirrored.get_weights()):
+        np.testing.assert_allclose(w_mirrored, w_single, atol=1e-5, rtol=0)
+    # The comparison can fail: a per-replica batch mistake (each replica taking B/2 steps) would show.
+    deltas = [np.abs(a - b).max() for a, b in zip(single.get_weights(), half_batch.get_weights())]
+    assert max(deltas) > 1e-3
+
+
+def test_device_that_is_not_there(tmp_path):
+    with pytest.raises(ConfigError, match=r"device /gpu:3 is not on this machine \(it has /cpu:0, /cpu:1\)"):
+        train(small("strategy=mirrored", "strategy.devices=[/cpu:0,/gpu:3]"), tmp_path)
+
+
+def test_batch_must_divide_over_the_replicas_found(tmp_path):
+    with pytest.raises(ConfigError, match="must divide evenly over 2 replicas"):
+        train(small("strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.batch_size=63"), tmp_path)
+
+
+def test_mixed_precision_xla_and_steps_per_execution(tmp_path):
+    results, model = train(small("trainer.mixed_precision=true", "trainer.jit_compile=true",
+                                 "trainer.steps_per_execution=4", "trainer.epochs=2"), tmp_path)
+    assert results["precision_policy"] == "mixed_bfloat16"  # no GPU here: bfloat16 is the CPU's kind
+    assert model.layers[1].compute_dtype == "bfloat16"
+    assert results["test_accuracy"] > 0.5
+    assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    train(small(), tmp_path)
+    assert keras.mixed_precision.global_policy().name == "float32"  # reset by the next run
+
+
+def test_saves_checkpoint_savedmodel_and_tensorboard(tmp_path):
+    results, model = train(small("trainer.save_model=true", "trainer.tensorboard=true"), tmp_path)
+    assert list((tmp_path / "checkpoints").glob("ckpt-1.index"))
+    assert list((tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    loaded = keras.models.load_model(tmp_path / "saved_model")
+    x = tf.random.uniform((4, 28, 28, 1), seed=1)
+    np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+    restored = keras.models.clone_model(model)
+    tf.train.Checkpoint(model=restored).restore(str(tmp_path / "checkpoints" / "ckpt-1")).expect_partial()
+    np.testing.assert_allclose(restored(x), model(x), atol=1e-6)
