@@ -6,6 +6,7 @@ STRATEGIES = ("default", "one_device", "mirrored", "central_storage",
 MODELS = ("cnn", "mlp")
 DATA_SOURCES = ("auto", "bundled", "keras", "idx", "synthetic")
 OPTIMIZERS = ("adam", "sgd")
+CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 
 
 class ConfigError(Exception):
@@ -22,10 +23,13 @@ def _choice(value, key, options):
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(options)}: set e.g. {key}={options[0]}")
 
 
-def configured_replicas(strategy: DictConfig):
+def configured_replicas(strategy: DictConfig, cluster: DictConfig):
     """Replicas implied by the config alone, or None when it depends on the GPUs present."""
     if strategy.name in ("default", "one_device", "parameter_server"):
         return 1
+    if strategy.name == "multi_worker_mirrored":
+        # one replica per worker on CPUs; GPUs (or a cluster from TF_CONFIG) are counted by the task
+        return cluster.workers if cluster.name == "local" and not strategy.get("devices") else None
     if strategy.get("devices"):
         return len(strategy.devices)
     if strategy.get("cpu_virtual_devices", 0) > 1:
@@ -57,7 +61,21 @@ def validate(cfg: DictConfig) -> None:
     if cfg.data.source == "synthetic":
         _positive_int(cfg.data.train_examples, "data.train_examples")
         _positive_int(cfg.data.test_examples, "data.test_examples")
-    check_batch_divides(t.batch_size, configured_replicas(cfg.strategy))
+    if cfg.strategy.name == "multi_worker_mirrored":
+        _choice(cfg.strategy.communication, "strategy.communication", ("auto", "ring", "nccl"))
+    if cfg.strategy.name == "parameter_server":
+        _positive_int(cfg.strategy.steps_per_schedule, "strategy.steps_per_schedule")
+    if cfg.cluster.name == "local":
+        _positive_int(cfg.cluster.workers, "cluster.workers")
+        if cfg.cluster.ps < 0:
+            raise ConfigError(f"cluster.ps={cfg.cluster.ps} must be 0 or more: set e.g. cluster.ps=1")
+        if cfg.strategy.name not in CLUSTER_STRATEGIES and (cfg.cluster.workers > 1 or cfg.cluster.ps):
+            raise ConfigError(f"cluster.workers/cluster.ps need a multi-worker strategy, not "
+                              f"strategy={cfg.strategy.name}: set strategy=multi_worker_mirrored or "
+                              "strategy=parameter_server")
+        if cfg.strategy.name == "parameter_server" and cfg.cluster.ps < 1:
+            raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
+    check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
 
 
 def check_batch_divides(batch_size: int, replicas) -> None:

@@ -150,19 +150,17 @@ def synthetic(train_examples: int, test_examples: int, seed: int):
     return draw(train_examples), draw(test_examples)
 
 
-def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, input_context=None):
-    """The pipeline every strategy uses: normalise, cache, shuffle (fixed seed), batch, prefetch.
+def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None):
+    """The pipeline every strategy uses: shard, normalise, cache, shuffle (fixed seed), batch, prefetch.
 
-    Sync strategies pass the GLOBAL batch and let the strategy split it over replicas;
-    dataset_fn callers (parameter servers) pass an input_context and get the per-replica batch.
+    Sync strategies pass the GLOBAL batch and let the strategy split it over replicas; parameter-server
+    workers pass their per-replica batch and shard=(number of workers, this worker's index).
     """
-    import tensorflow as tf
+    import tensorflow as tf  # here, not at the top: the launcher reads data without TensorFlow
 
     ds = tf.data.Dataset.from_tensor_slices((images, labels.astype(np.int32)))
-    if input_context is not None:
-        batch_size = input_context.get_per_replica_batch_size(batch_size)
-        if input_context.num_input_pipelines > 1:
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if shard is not None:
+        ds = ds.shard(*shard)
     ds = ds.map(lambda x, y: (tf.expand_dims(tf.cast(x, tf.float32) / 255.0, -1), y),
                 num_parallel_calls=tf.data.AUTOTUNE).cache()
     if shuffle_buffer:

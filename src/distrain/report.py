@@ -6,12 +6,15 @@ from pathlib import Path
 RESULTS = "results.json"
 
 
-def write_results(run_dir: Path, results: dict) -> Path:
-    path = Path(run_dir) / RESULTS
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, path)  # readers (sweep summaries) never see half a file
+def write_json(path: Path, content: dict) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(content, indent=2) + "\n")
+    os.replace(tmp, path)  # readers (sweep summaries, tests) never see half a file
     return path
+
+
+def write_results(run_dir: Path, results: dict) -> Path:
+    return write_json(Path(run_dir) / RESULTS, results)
 
 
 def read_results(run_dir: Path) -> dict:

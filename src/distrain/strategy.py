@@ -49,7 +49,8 @@ def compute_devices(strategy_cfg) -> list[str]:
     return local_devices_of("GPU") or ["/cpu:0"]
 
 
-def make_strategy(strategy_cfg, cluster_resolver=None) -> tf.distribute.Strategy:
+def make_strategy(strategy_cfg) -> tf.distribute.Strategy:
+    """Cluster strategies read this task's place in the cluster from TF_CONFIG (the launcher sets it)."""
     name = strategy_cfg.name
     if name == "default":
         return tf.distribute.get_strategy()
@@ -60,7 +61,21 @@ def make_strategy(strategy_cfg, cluster_resolver=None) -> tf.distribute.Strategy
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(
             compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device])[0])
-    raise ConfigError(f"strategy={name} is not available in this process")
+    if name == "multi_worker_mirrored":
+        implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
+                                 strategy_cfg.communication.upper())
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+    if name == "parameter_server":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        partitioner = None
+        if strategy_cfg.variable_partitioner:
+            num_ps = len(resolver.cluster_spec().as_dict()["ps"])
+            partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+                min_shard_bytes=strategy_cfg.min_shard_bytes, max_shards=strategy_cfg.max_shards or num_ps)
+        return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    raise ConfigError(f"strategy={name} is unknown: use one of the options that --help lists")
 
 
 def replica_devices(strategy) -> list[str]:
@@ -73,3 +88,30 @@ def replica_devices(strategy) -> list[str]:
 
 def local_devices_of(kind: str) -> list[str]:
     return [d for d in local_devices() if d.startswith(f"/{kind.lower()}")]
+
+
+def _cluster(strategy):
+    """This task's TF_CONFIG resolver under a cluster strategy, else None."""
+    if isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.ParameterServerStrategy)):
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return None
+
+
+def is_chief(strategy) -> bool:
+    """The task that writes the checkpoint, model and results: the chief, else worker 0."""
+    resolver = _cluster(strategy)
+    if resolver is None or resolver.task_type == "chief":
+        return True
+    return resolver.task_type == "worker" and resolver.task_id == 0 and \
+        "chief" not in resolver.cluster_spec().as_dict()
+
+
+def cluster_size(strategy) -> tuple[int, int]:
+    """(workers, ps): training tasks and parameter servers (a chief counts as a worker under MWMS)."""
+    resolver = _cluster(strategy)
+    if resolver is None:
+        return 1, 0
+    spec = resolver.cluster_spec().as_dict()
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        return len(spec["worker"]), len(spec["ps"])
+    return len(spec.get("worker", [])) + len(spec.get("chief", [])), 0

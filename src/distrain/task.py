@@ -1,26 +1,60 @@
-"""One task process: read the run's resolved config, train, report. The launcher starts it."""
+"""One task process: read the run's resolved config, play this task's part, report.
+
+The launcher starts one per run, or one per cluster task with TF_CONFIG saying which task it is:
+under parameter servers, ps and worker tasks serve and wait while the chief (coordinator) trains;
+under multi-worker mirrored, every worker trains and the chief (worker 0) reports.
+"""
+import os
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from . import cluster as cluster_lib
 from . import report
-from .config import ConfigError
+from .config import CLUSTER_STRATEGIES, ConfigError
+from .launcher import die_with_parent
 
 
 def main(argv=None) -> int:
+    die_with_parent()  # again here: nsenter's change of credentials may have cleared it
     config_path = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(config_path)
     run_dir = config_path.parent
     try:
-        from .training import train  # TensorFlow starts here, in this process only
+        task = None
+        if cfg.strategy.name in CLUSTER_STRATEGIES:
+            _, task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+            cluster_lib.check_port_free(task)
+            if cfg.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
+                return serve(task)
+        from .strategy import configure_devices, is_chief, make_strategy  # TensorFlow starts here
+        from .training import train
 
-        results, _ = train(cfg, run_dir)
+        configure_devices(cfg.strategy)
+        strategy = make_strategy(cfg.strategy)
+        if task:
+            print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})",
+                  flush=True)
+        results, _ = train(cfg, run_dir, strategy)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    report.write_results(run_dir, results)
-    print(report.summary_line(results), flush=True)
+    if is_chief(strategy):
+        report.write_results(run_dir, results)
+        print(report.summary_line(results), flush=True)
+    return 0
+
+
+def serve(task) -> int:
+    """A ps or worker task under parameter servers: a gRPC server that runs what the chief sends."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task.type, task_index=task.index,
+                                  protocol="grpc", start=True)
+    print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})", flush=True)
+    server.join()  # until the launcher (or the user) stops this task
     return 0
 
 

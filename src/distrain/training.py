@@ -1,4 +1,6 @@
 """The training loop: devices, strategy, data, model, Keras fit, evaluation, saved artefacts."""
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -8,7 +10,7 @@ import tf_keras as keras
 from . import data as data_lib
 from .config import check_batch_divides
 from .model import build_model, compile_model, make_optimizer
-from .strategy import configure_devices, make_strategy, replica_devices
+from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
 
 
 class EpochTimer(keras.callbacks.Callback):
@@ -39,11 +41,13 @@ def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
 
 
 def train(cfg, run_dir: Path, strategy=None):
-    """Train as the config says; returns (results dict, model). Saves into run_dir."""
-    t = cfg.trainer
+    """Train as the config says; returns (results dict, model). The chief saves into run_dir."""
     if strategy is None:
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy)
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        return train_async(cfg, run_dir, strategy)
+    t = cfg.trainer
     policy = set_precision(t.mixed_precision)
     keras.utils.set_random_seed(t.seed)
     check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
@@ -58,20 +62,40 @@ def train(cfg, run_dir: Path, strategy=None):
         optimizer = make_optimizer(cfg.optimizer, t.learning_rate)
         compile_model(model, optimizer, t)
 
+    chief = is_chief(strategy)
+    # Every worker of a synchronous cluster must save (saving reads replicated variables together),
+    # but only the chief's copy is kept.
+    out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-"))
     timer = EpochTimer()
     callbacks = [timer]
     if t.tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard")))
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(out_dir / "tensorboard")))
     history = model.fit(train_ds, epochs=t.epochs, verbose=t.verbose, callbacks=callbacks)
     test_loss, test_accuracy = model.evaluate(test_ds, verbose=0)
-
     if t.save_model:
-        save(model, optimizer, run_dir)
-    results = {
+        save(model, optimizer, out_dir)
+    if not chief:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+    workers, ps = cluster_size(strategy)
+    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), timer.seconds)
+    results.update({
+        "num_workers": workers,
+        "num_ps": ps,
+        "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
+        "test_accuracy": float(test_accuracy),
+        "test_loss": float(test_loss),
+        "final_train_loss": float(history.history["loss"][-1]),
+        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+    })
+    return results, model
+
+
+def base_results(cfg, strategy, model, policy, train_examples, test_examples, epoch_seconds) -> dict:
+    t = cfg.trainer
+    return {
         "strategy": cfg.strategy.name,
         "num_replicas": strategy.num_replicas_in_sync,
-        "num_workers": 1,
-        "num_ps": 0,
         "devices": replica_devices(strategy),
         "model": cfg.model.name,
         "model_params": model.count_params(),
@@ -79,29 +103,129 @@ def train(cfg, run_dir: Path, strategy=None):
         "learning_rate": t.learning_rate,
         "epochs": t.epochs,
         "global_batch_size": t.batch_size,
-        "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
         "steps_per_execution": t.steps_per_execution,
         "precision_policy": policy,
         "jit_compile": t.jit_compile,
         "data": cfg.data.name,
         "data_source": cfg.data.source,
-        "train_examples": len(y_train),
-        "test_examples": len(y_test),
-        "train_seconds": sum(timer.seconds),
-        "epoch_seconds": timer.seconds,
-        "examples_per_sec": throughput(len(y_train), timer.seconds),
-        "test_accuracy": float(test_accuracy),
-        "test_loss": float(test_loss),
-        "final_train_loss": float(history.history["loss"][-1]),
-        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+        "train_examples": train_examples,
+        "test_examples": test_examples,
+        "train_seconds": sum(epoch_seconds),
+        "epoch_seconds": epoch_seconds,
+        "examples_per_sec": throughput(train_examples, epoch_seconds),
         "seed": t.seed,
         "tensorflow_version": tf.__version__,
     }
-    return results, model
 
 
-def save(model, optimizer, run_dir: Path) -> None:
+def train_async(cfg, run_dir: Path, strategy):
+    """Asynchronous SGD: this process is the coordinator (chief); variables live on the ps tasks and
+    the coordinator schedules functions of `steps_per_schedule` steps on whichever worker is free.
+    A worker that dies loses nothing: its scheduled functions run again on the others."""
+    t = cfg.trainer
+    policy = set_precision(t.mixed_precision)
+    keras.utils.set_random_seed(t.seed)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    workers, ps = cluster_size(strategy)
+    print(f"coordinator up: {workers} worker(s), {ps} ps task(s)", flush=True)
+
+    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+    per_schedule = cfg.strategy.steps_per_schedule
+    schedules = max(1, len(y_train) // (t.batch_size * per_schedule))  # about one pass over the data
+
+    with strategy.scope():
+        model = build_model(cfg.model)
+        optimizer = make_optimizer(cfg.optimizer, t.learning_rate)
+        optimizer.build(model.trainable_variables)
+        loss_metric = keras.metrics.Mean()
+        accuracy_metric = keras.metrics.SparseCategoricalAccuracy()
+    print(placement_table(model.variables + optimizer.variables, ps), flush=True)
+
+    def dataset_fn(input_context):
+        # Each worker reads its own shard of the training set, shuffled and repeated.
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return data_lib.make_dataset(x_train, y_train, input_context.get_per_replica_batch_size(t.batch_size),
+                                     seed=t.seed, shuffle_buffer=cfg.data.shuffle_buffer, repeat=True,
+                                     shard=(workers, worker))
+
+    iterator = iter(coordinator.create_per_worker_dataset(
+        lambda: strategy.distribute_datasets_from_function(dataset_fn)))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    @tf.function
+    def train_steps(iterator):
+        def step(images, labels):
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = tf.nn.compute_average_loss(loss_fn(labels, logits))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            loss_metric.update_state(loss)
+            accuracy_metric.update_state(labels, logits)
+
+        for _ in tf.range(per_schedule):
+            strategy.run(step, args=next(iterator))
+        return tf.distribute.coordinator.experimental_get_current_worker_index()
+
+    epoch_seconds, history = [], {"loss": [], "accuracy": []}
+    worker_steps = {i: 0 for i in range(workers)}
+    for epoch in range(t.epochs):
+        loss_metric.reset_state()
+        accuracy_metric.reset_state()
+        start = time.perf_counter()
+        done = [coordinator.schedule(train_steps, args=(iterator,)) for _ in range(schedules)]
+        coordinator.join()
+        epoch_seconds.append(time.perf_counter() - start)
+        for remote in done:
+            worker_steps[int(remote.fetch())] += per_schedule
+        history["loss"].append(float(loss_metric.result()))
+        history["accuracy"].append(float(accuracy_metric.result()))
+        per_worker = ", ".join(f"worker {i}: {n}" for i, n in worker_steps.items())
+        print(f"Epoch {epoch + 1}/{t.epochs} - global step {int(optimizer.iterations.numpy())} "
+              f"({per_worker}) - loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f} "
+              f"- {epoch_seconds[-1]:.1f}s", flush=True)
+
+    # Inline evaluation: a local copy of the trained weights, on the coordinator.
+    evaluated = build_model(cfg.model)
+    evaluated.set_weights(model.get_weights())
+    compile_model(evaluated, make_optimizer(cfg.optimizer, t.learning_rate), t)
+    test_loss, test_accuracy = evaluated.evaluate(
+        data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed), verbose=0)
+    if t.save_model:
+        save(evaluated, optimizer, run_dir, checkpoint_model=model)
+
+    examples_per_epoch = schedules * per_schedule * t.batch_size
+    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), epoch_seconds)
+    results.update({
+        "num_replicas": workers * strategy.num_replicas_in_sync,
+        "num_workers": workers,
+        "num_ps": ps,
+        "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
+        "steps_per_schedule": per_schedule,
+        "global_steps": int(optimizer.iterations.numpy()),
+        "worker_steps": {str(i): n for i, n in worker_steps.items()},
+        "examples_per_sec": throughput(examples_per_epoch, epoch_seconds),
+        "steps_per_sec": throughput(schedules * per_schedule, epoch_seconds),
+        "test_accuracy": float(test_accuracy),
+        "test_loss": float(test_loss),
+        "final_train_loss": history["loss"][-1],
+        "history": history,
+    })
+    return results, evaluated
+
+
+def placement_table(variables, num_ps: int) -> str:
+    """Which ps task holds each variable (shards listed one by one): what replica_device_setter did."""
+    lines = [f"variable placement over {num_ps} ps task(s):"]
+    for variable in variables:
+        for shard in getattr(variable, "variables", [variable]):  # a ShardedVariable lists its shards
+            spec = tf.DeviceSpec.from_string(shard.device)
+            lines.append(f"  {shard.name:<40} {str(tuple(shard.shape)):<16} {spec.job}:{spec.task}")
+    return "\n".join(lines)
+
+
+def save(model, optimizer, run_dir: Path, checkpoint_model=None) -> None:
     """Layout: checkpoints/ (tf.train.CheckpointManager, for resuming) and saved_model/ (for serving)."""
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    checkpoint = tf.train.Checkpoint(model=checkpoint_model or model, optimizer=optimizer)
     tf.train.CheckpointManager(checkpoint, str(run_dir / "checkpoints"), max_to_keep=3).save()
     model.save(str(run_dir / "saved_model"))

@@ -1,0 +1,206 @@
+"""Where the tasks of a cluster come from, and the private network a local cluster runs in.
+
+A cluster is TensorFlow's spec: {"chief": [...], "worker": ["host:port", ...], "ps": [...]}, and a
+task is (type, index) within it. Every task learns both from TF_CONFIG, as on Kubernetes or Vertex AI.
+No TensorFlow here: the launcher uses this module.
+"""
+import fcntl
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import portpicker
+
+from .config import ConfigError
+
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+READY = "ready at"  # a task prints "task TYPE:INDEX ready at ADDRESS (pid N)" once it is up
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    type: str
+    index: int
+    address: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}-{self.index}"
+
+
+def parse_address(address, what: str) -> tuple[str, int]:
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} {address!r} is not host:port: write e.g. 127.0.0.1:2222")
+    return host, int(port)
+
+
+def check_spec(spec: dict, strategy: str) -> dict:
+    """Validate a cluster spec for a strategy; returns it. One ConfigError line per problem."""
+    if not isinstance(spec, dict) or not spec.get("worker"):
+        raise ConfigError("the cluster has no worker tasks: list at least one worker address")
+    for task_type, addresses in spec.items():
+        if task_type not in TASK_TYPES:
+            raise ConfigError(f"unknown task type {task_type!r} in the cluster: use {', '.join(TASK_TYPES)}")
+        if not isinstance(addresses, list):
+            raise ConfigError(f"cluster entry {task_type!r} must be a list of host:port addresses")
+        for address in addresses:
+            parse_address(address, f"{task_type} address")
+    if len(spec.get("chief", [])) > 1:
+        raise ConfigError("a cluster has at most one chief: list one address under chief")
+    if strategy == "parameter_server":
+        if not spec.get("ps"):
+            raise ConfigError("strategy=parameter_server needs at least one ps task: "
+                              "set cluster.ps=1 (local) or list ps addresses")
+        if not spec.get("chief"):
+            raise ConfigError("strategy=parameter_server needs a chief task (the coordinator that trains): "
+                              "add cluster.chief_host (manual) or a chief entry in TF_CONFIG")
+    elif strategy == "multi_worker_mirrored" and spec.get("ps"):
+        raise ConfigError("strategy=multi_worker_mirrored takes no ps tasks: "
+                          "drop them or use strategy=parameter_server")
+    all_addresses = [a for t in ("chief", "worker", "ps", "evaluator") for a in spec.get(t, [])]
+    duplicates = {a for a in all_addresses if all_addresses.count(a) > 1}
+    if duplicates:
+        raise ConfigError(f"address {sorted(duplicates)[0]} is given to two tasks: give each task its own port")
+    return spec
+
+
+def check_task(spec: dict, task_type: str, index) -> TaskSpec:
+    if task_type not in spec:
+        raise ConfigError(f"task type {task_type!r} is not in the cluster (it has {', '.join(spec)}): "
+                          "fix the task type or the cluster")
+    count = len(spec[task_type])
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        raise ConfigError(f"task index {index!r} is outside the cluster: {task_type} has {count} task(s), "
+                          f"so use an index from 0 to {count - 1}")
+    return TaskSpec(task_type, index, spec[task_type][index])
+
+
+def tf_config(spec: dict, task: TaskSpec) -> str:
+    return json.dumps({"cluster": spec, "task": {"type": task.type, "index": task.index}})
+
+
+def from_tf_config(text, strategy: str) -> tuple[dict, TaskSpec]:
+    """The cluster and this task from a TF_CONFIG value (as Kubeflow, Vertex AI or Ray set it)."""
+    if not text:
+        raise ConfigError("cluster=tf_config needs the TF_CONFIG environment variable: "
+                          "set it to {\"cluster\": {...}, \"task\": {\"type\": ..., \"index\": ...}}")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({exc}): fix the environment variable") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("task"), dict) or "cluster" not in parsed:
+        raise ConfigError("TF_CONFIG needs a \"cluster\" and a \"task\" ({\"type\": ..., \"index\": ...}): "
+                          "fix the environment variable")
+    spec = check_spec(parsed["cluster"], strategy)
+    return spec, check_task(spec, parsed["task"].get("type"), parsed["task"].get("index", 0))
+
+
+def from_manual(cluster, strategy: str) -> tuple[dict, TaskSpec]:
+    """The classic flags: worker_hosts, ps_hosts (and chief_host), task_type, task_index."""
+    spec = {"worker": list(cluster.worker_hosts or [])}
+    if cluster.ps_hosts:
+        spec["ps"] = list(cluster.ps_hosts)
+    if cluster.chief_host:
+        spec["chief"] = [cluster.chief_host]
+    spec = check_spec(spec, strategy)
+    if cluster.task_type is None:
+        raise ConfigError("cluster=manual needs this task's role: set cluster.task_type=worker|ps|chief "
+                          "and cluster.task_index=N")
+    return spec, check_task(spec, cluster.task_type, cluster.task_index)
+
+
+def local_spec(strategy: str, workers: int, ps: int, host: str = "127.0.0.1") -> dict:
+    """A cluster on this machine, ports picked free. Parameter servers get a chief (the coordinator)."""
+    counts = {"worker": workers}
+    if strategy == "parameter_server":
+        counts = {"chief": 1, "worker": workers, "ps": ps}
+    spec = {t: [f"{host}:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in counts.items() if n}
+    return check_spec(spec, strategy)
+
+
+def check_port_free(task: TaskSpec) -> None:
+    """A task's own port must be free before its server starts; TensorFlow would only say 'failed'."""
+    _, port = parse_address(task.address, "address")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            raise ConfigError(f"port {port} of {task.type}:{task.index} ({task.address}) is already in use: "
+                              "stop what holds it or give this task another port") from None
+
+
+def thread_caps(task_type: str, compute_tasks: int, cores: int | None = None) -> dict:
+    """TensorFlow thread-pool sizes so the tasks share the cores: compute tasks split them, ps and
+    chief tasks mostly wait. Never fewer than 2 inter-op threads: a worker with one can deadlock."""
+    cores = cores or len(os.sched_getaffinity(0))
+    intra = max(1, cores // max(1, compute_tasks)) if task_type == "worker" else 1
+    return {"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(max(2, intra))}
+
+
+class PrivateNetwork:
+    """A network namespace of its own (loopback only) for a local cluster's tasks.
+
+    TensorFlow's gRPC servers listen on every interface whatever the spec says, and anyone who reaches
+    one can run code in it: inside the namespace, nothing outside this cluster can reach them.
+    `available` is False (and `reason` says why) where the platform does not allow it.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.available, self.reason, self._holder = enabled, False, "", None
+
+    def __enter__(self):
+        unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")
+        if not self.enabled:
+            self.reason = "turned off by cluster.isolate=false"
+        elif not (sys.platform.startswith("linux") and unshare and nsenter):
+            self.reason = "needs Linux with unshare and nsenter (util-linux)"
+            return self
+        self._user = os.geteuid() != 0  # without root, a user namespace grants the right to make one
+        argv = [unshare, "--net", *(["--user", "--map-root-user"] if self._user else []), "--",
+                sys.executable, "-m", "distrain.cluster", "hold-network"]
+        self._holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        line = self._holder.stdout.readline().strip()
+        if line == "ready":
+            self.available = True
+        else:
+            self.reason = (self._holder.stderr.read().strip().splitlines() or ["unshare failed"])[-1]
+            self._holder.kill()
+            self._holder.wait()
+        return self
+
+    def wrap(self, argv: list) -> list:
+        """The command that runs argv inside the namespace (argv itself when there is none)."""
+        if not self.available:
+            return argv
+        user = ["--user", "--preserve-credentials"] if self._user else []
+        return ["nsenter", "--target", str(self._holder.pid), "--net", *user, "--", *argv]
+
+    def __exit__(self, *exc):
+        if self._holder and self._holder.poll() is None:
+            self._holder.stdin.close()  # the holder exits when its stdin closes
+            try:
+                self._holder.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._holder.kill()
+                self._holder.wait()
+
+
+def _hold_network() -> None:
+    """Inside a new network namespace: bring loopback up, say ready, live until stdin closes."""
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH", fcntl.ioctl(s, siocgifflags, struct.pack("16sH", b"lo", 0)))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH", b"lo", flags | iff_up))
+    print("ready", flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["hold-network"]:
+    _hold_network()
