@@ -28,9 +28,10 @@ def small(*overrides):
                     "trainer.save_model=false", *overrides)
 
 
-def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, **kwargs):
+def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, env_extra=None, **kwargs):
     """`python train.py ARGS` with its run directory at run_dir; never the network, never the user's cache."""
-    env = {**os.environ, "KERAS_HOME": str(run_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "KERAS_HOME": str(run_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0",
+           **(env_extra or {})}
     return subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=run_dir.parent,
                           **kwargs)

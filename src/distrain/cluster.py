@@ -158,7 +158,8 @@ class PrivateNetwork:
         unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")
         if not self.enabled:
             self.reason = "turned off by cluster.isolate=false"
-        elif not (sys.platform.startswith("linux") and unshare and nsenter):
+            return self
+        if not (sys.platform.startswith("linux") and unshare and nsenter):
             self.reason = "needs Linux with unshare and nsenter (util-linux)"
             return self
         self._user = os.geteuid() != 0  # without root, a user namespace grants the right to make one

@@ -69,10 +69,12 @@ def validate(cfg: DictConfig) -> None:
         _positive_int(cfg.cluster.workers, "cluster.workers")
         if cfg.cluster.ps < 0:
             raise ConfigError(f"cluster.ps={cfg.cluster.ps} must be 0 or more: set e.g. cluster.ps=1")
-        if cfg.strategy.name not in CLUSTER_STRATEGIES and (cfg.cluster.workers > 1 or cfg.cluster.ps):
-            raise ConfigError(f"cluster.workers/cluster.ps need a multi-worker strategy, not "
-                              f"strategy={cfg.strategy.name}: set strategy=multi_worker_mirrored or "
-                              "strategy=parameter_server")
+        if cfg.cluster.isolate not in ("auto", True, False):
+            raise ConfigError(f"cluster.isolate={cfg.cluster.isolate!r} must be auto, true or false: "
+                              "set cluster.isolate=auto")
+        if cfg.cluster.startup_timeout <= 0:
+            raise ConfigError(f"cluster.startup_timeout={cfg.cluster.startup_timeout} must be positive: "
+                              "set e.g. cluster.startup_timeout=60")
         if cfg.strategy.name == "parameter_server" and cfg.cluster.ps < 1:
             raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
     check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))

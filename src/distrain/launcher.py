@@ -138,8 +138,9 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None) 
                 seen.add(task.name)
                 on_change and on_change()
                 if code and task.essential:
-                    print(f"error: task {task.name} exited with status {code}; the end of its log "
-                          f"({task.log_path}):\n{task.log_tail()}", file=sys.stderr, flush=True)
+                    if len(tasks) > 1:  # its lines were mixed with the others': recap them
+                        print(f"error: task {task.name} exited with status {code}; the end of its log "
+                              f"({task.log_path}):\n{task.log_tail()}", file=sys.stderr, flush=True)
                     return code
                 if code:
                     log.warning("task %s exited with status %d: training carries on with the other workers",

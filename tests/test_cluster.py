@@ -1,0 +1,135 @@
+"""Cluster specs from every source, their one-line errors, and the private network (no TensorFlow)."""
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from distrain import cluster
+from distrain.config import ConfigError, validate
+from conftest import make_cfg
+
+SPEC = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221", "127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}
+
+
+def test_tf_config_with_chief_workers_and_ps_is_accepted():
+    text = json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}})
+    spec, task = cluster.from_tf_config(text, "parameter_server")
+    assert spec == SPEC and task == cluster.TaskSpec("worker", 1, "127.0.0.1:2222")
+    assert json.loads(cluster.tf_config(spec, task)) == json.loads(text)
+    spec, task = cluster.from_tf_config(json.dumps({"cluster": {**SPEC, "evaluator": ["127.0.0.1:2224"]},
+                                                    "task": {"type": "evaluator", "index": 0}}),
+                                        "parameter_server")
+    assert task.name == "evaluator-0"
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "cluster=tf_config needs the TF_CONFIG environment variable"),
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    (json.dumps({"cluster": SPEC}), "TF_CONFIG needs a \"cluster\" and a \"task\""),
+    (json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 2}}),
+     "task index 2 is outside the cluster: worker has 2 task(s), so use an index from 0 to 1"),
+    (json.dumps({"cluster": SPEC, "task": {"type": "master", "index": 0}}), "task type 'master' is not in the cluster"),
+    (json.dumps({"cluster": {**SPEC, "ps": ["nohost"]}, "task": {"type": "ps", "index": 0}}),
+     "ps address 'nohost' is not host:port"),
+    (json.dumps({"cluster": {**SPEC, "ps": ["h:99999"]}, "task": {"type": "ps", "index": 0}}), "is not host:port"),
+    (json.dumps({"cluster": {"worker": SPEC["worker"]}, "task": {"type": "worker", "index": 0}}),
+     "strategy=parameter_server needs at least one ps task"),
+    (json.dumps({"cluster": {"worker": SPEC["worker"], "ps": SPEC["ps"]}, "task": {"type": "ps", "index": 0}}),
+     "needs a chief task (the coordinator that trains)"),
+    (json.dumps({"cluster": {**SPEC, "ps": SPEC["worker"][:1]}, "task": {"type": "ps", "index": 0}}),
+     "address 127.0.0.1:2221 is given to two tasks"),
+    (json.dumps({"cluster": {**SPEC, "master": ["h:1"]}, "task": {"type": "ps", "index": 0}}),
+     "unknown task type 'master'"),
+])
+def test_bad_tf_config_is_one_clear_line(text, message):
+    with pytest.raises(ConfigError) as err:
+        cluster.from_tf_config(text, "parameter_server")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_multi_worker_mirrored_takes_no_ps():
+    with pytest.raises(ConfigError, match="takes no ps tasks"):
+        cluster.check_spec(SPEC, "multi_worker_mirrored")
+    assert cluster.check_spec({"worker": SPEC["worker"]}, "multi_worker_mirrored")
+
+
+def test_manual_flags_build_the_same_cluster():
+    cfg = make_cfg("strategy=parameter_server", "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2221,127.0.0.1:2222]",
+                   "cluster.ps_hosts=[127.0.0.1:2223]", "cluster.chief_host=127.0.0.1:2220",
+                   "cluster.task_type=ps", "cluster.task_index=0")
+    validate(cfg)
+    spec, task = cluster.from_manual(cfg.cluster, "parameter_server")
+    assert spec == SPEC and task.address == "127.0.0.1:2223"
+    with pytest.raises(ConfigError, match="task index 5 is outside the cluster"):
+        cluster.from_manual(make_cfg("cluster=manual", "cluster.worker_hosts=[h:1]", "cluster.task_type=worker",
+                                     "cluster.task_index=5").cluster, "multi_worker_mirrored")
+    with pytest.raises(ConfigError, match="needs this task's role"):
+        cluster.from_manual(make_cfg("cluster=manual", "cluster.worker_hosts=[h:1]").cluster, "multi_worker_mirrored")
+    with pytest.raises(ConfigError, match="no worker tasks"):
+        cluster.from_manual(make_cfg("cluster=manual").cluster, "multi_worker_mirrored")
+
+
+def test_local_spec_picks_distinct_free_loopback_ports():
+    spec = cluster.local_spec("parameter_server", workers=3, ps=2)
+    assert {k: len(v) for k, v in spec.items()} == {"chief": 1, "worker": 3, "ps": 2}
+    addresses = [a for v in spec.values() for a in v]
+    assert len(set(addresses)) == 6 and all(a.startswith("127.0.0.1:") for a in addresses)
+    assert list(cluster.local_spec("multi_worker_mirrored", workers=2, ps=1)) == ["worker"]
+
+
+def test_local_cluster_config_errors():
+    with pytest.raises(ConfigError, match="strategy=parameter_server needs at least one ps task: set cluster.ps=1"):
+        validate(make_cfg("strategy=parameter_server", "cluster.ps=0"))
+    with pytest.raises(ConfigError, match="cluster.workers=0 must be a positive integer"):
+        validate(make_cfg("strategy=multi_worker_mirrored", "cluster.workers=0"))
+    with pytest.raises(ConfigError, match="over 3 replicas"):
+        validate(make_cfg("strategy=multi_worker_mirrored", "cluster.workers=3"))
+    with pytest.raises(ConfigError, match="strategy.communication='mpi'"):
+        validate(make_cfg("strategy=multi_worker_mirrored", "strategy.communication=mpi"))
+
+
+def test_port_in_use_is_named():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} of ps:0 .* is already in use"):
+            cluster.check_port_free(cluster.TaskSpec("ps", 0, f"127.0.0.1:{port}"))
+    cluster.check_port_free(cluster.TaskSpec("ps", 0, f"127.0.0.1:{port}"))  # free again
+
+
+def test_thread_caps_share_the_cores_and_never_starve_inter_op():
+    assert cluster.thread_caps("worker", 2, cores=2) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
+    assert cluster.thread_caps("worker", 1, cores=8)["TF_NUM_INTRAOP_THREADS"] == "8"
+    assert cluster.thread_caps("worker", 4, cores=8)["TF_NUM_INTRAOP_THREADS"] == "2"
+    assert cluster.thread_caps("ps", 4, cores=2) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
+
+
+def test_private_network_hides_servers_from_the_host():
+    """A server inside listens on every interface, yet from here its port is closed."""
+    with cluster.PrivateNetwork() as net:
+        if not net.available:
+            pytest.skip(f"no private network on this platform: {net.reason}")
+        server = ("import socket, sys; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen();"
+                  "print(s.getsockname()[1], flush=True);"
+                  "c = socket.create_connection(('127.0.0.1', s.getsockname()[1]), timeout=5);"
+                  "print('inside ok', flush=True); sys.stdin.read()")
+        proc = subprocess.Popen(net.wrap([sys.executable, "-c", server]), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(proc.stdout.readline())
+            assert proc.stdout.readline().strip() == "inside ok"  # loopback works inside
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=10)
+    assert net._holder.poll() is not None  # the namespace's holder is gone with the block
+
+
+def test_private_network_can_be_turned_off():
+    with cluster.PrivateNetwork(enabled=False) as net:
+        assert not net.available and "cluster.isolate=false" in net.reason
+        assert net.wrap(["x"]) == ["x"]

@@ -1,0 +1,269 @@
+"""Local multi-process clusters: sync (multi_worker_mirrored) and async (parameter_server) training.
+
+Every test is bounded in time and checks that no process it caused is left behind.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import portpicker
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from distrain.training import train
+from conftest import RUN_TIMEOUT, TRAIN_PY, make_cfg, run_cli
+
+BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def task_pids(run_dir):
+    return [t["pid"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]]
+
+
+def assert_nothing_left(run_dir):
+    found = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    assert found == [], f"processes left behind: {found}"
+    if (run_dir / "cluster.json").exists():
+        assert not [pid for pid in task_pids(run_dir) if alive(pid)]
+
+
+def start(run_dir, *args, env=None):
+    return subprocess.Popen([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=run_dir.parent)
+
+
+def wait_until(predicate, proc, what, timeout=RUN_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def finish(proc, timeout=RUN_TIMEOUT):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return out
+
+
+def test_multi_worker_mirrored_two_workers_learn(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", *BUNDLED_ONE_EPOCH)
+    assert out.returncode == 0, out.stdout[-4000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["num_workers"], results["num_replicas"], results["num_ps"]) == (2, 2, 0)
+    assert results["test_accuracy"] > 0.6, results  # chance is 0.1
+    assert "[worker-0] Test accuracy" in out.stdout and "[worker-1] Test accuracy" not in out.stdout
+    tasks = json.loads((run_dir / "cluster.json").read_text())["tasks"]
+    assert [(t["name"], t["state"]) for t in tasks] == [("worker-0", "exited 0"), ("worker-1", "exited 0")]
+    assert (run_dir / "logs" / "worker-1.log").read_text().count("63/63 - ") == 1  # 8000 / 128 steps
+    assert_nothing_left(run_dir)
+
+
+def test_parameter_server_one_ps_two_workers_learn(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", *BUNDLED_ONE_EPOCH)
+    assert out.returncode == 0, out.stdout[-4000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["num_workers"], results["num_ps"]) == (2, 1)
+    assert results["test_accuracy"] > 0.6, results
+    steps = results["worker_steps"]
+    assert set(steps) == {"0", "1"} and all(n > 0 for n in steps.values())  # both workers trained
+    assert sum(steps.values()) == results["global_steps"]  # every step updated the ps variables once
+    chief_log = (run_dir / "logs" / "chief-0.log").read_text()
+    assert "variable placement over 1 ps task(s):" in chief_log
+    assert "dense/kernel:0" in chief_log and "ps:0" in chief_log
+    assert "Epoch 1/1 - global step" in chief_log and "worker 0:" in chief_log and "worker 1:" in chief_log
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert_nothing_left(run_dir)
+
+
+def test_killing_a_parameter_server_worker_does_not_stop_training(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
+                 "trainer.epochs=10", "trainer.batch_size=32", "trainer.save_model=false")
+    try:
+        chief_log = run_dir / "logs" / "chief-0.log"
+        wait_until(lambda: chief_log.exists() and "Epoch 2/10" in chief_log.read_text(), proc, "epoch 2")
+        cluster = json.loads((run_dir / "cluster.json").read_text())
+        if cluster["network"] == "private network namespace":  # where the platform allows one
+            for address in [a for addresses in cluster["cluster"].values() for a in addresses]:
+                host, port = address.split(":")
+                with pytest.raises(ConnectionRefusedError):  # the servers are unreachable from outside
+                    socket.create_connection((host, int(port)), timeout=5).close()
+        victim = next(t for t in cluster["tasks"] if t["name"] == "worker-1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        out = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "task worker-1 exited with status -9: training carries on" in out
+    results = json.loads((run_dir / "results.json").read_text())
+    assert len(results["history"]["loss"]) == 10 and results["test_accuracy"] > 0.5
+    assert results["worker_steps"]["0"] > results["worker_steps"]["1"] > 0  # worker 0 did the rest
+    states = {t["name"]: t["state"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
+    assert states["worker-1"] == "exited -9" and states["chief-0"] == "exited 0"
+    assert_nothing_left(run_dir)
+
+
+def test_manual_mode_by_hand_in_three_terminals(tmp_path):
+    """ps, worker and chief each started on their own, as the classic scripts were."""
+    ps, worker, chief = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(3))
+    common = ["strategy=parameter_server", "cluster=manual", f"cluster.worker_hosts=[{worker}]",
+              f"cluster.ps_hosts=[{ps}]", f"cluster.chief_host={chief}", *BUNDLED_ONE_EPOCH]
+    servers = [start(tmp_path / role, *common, f"cluster.task_type={role}", "cluster.task_index=0")
+               for role in ("ps", "worker")]
+    try:
+        out = run_cli(tmp_path / "chief", *common, "cluster.task_type=chief", "cluster.task_index=0")
+        assert out.returncode == 0, out.stdout[-4000:]
+        results = json.loads((tmp_path / "chief" / "results.json").read_text())
+        assert (results["num_workers"], results["num_ps"]) == (1, 1) and results["test_accuracy"] > 0.6
+        assert "this process is task chief:0" in out.stdout
+        for server in servers:
+            assert server.poll() is None  # ps and worker serve until stopped, as before
+            server.send_signal(signal.SIGINT)  # Ctrl-C in their terminals
+            assert server.wait(timeout=30) == 130
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+            server.communicate()
+    for role in ("ps", "worker", "chief"):
+        assert_nothing_left(tmp_path / role)
+
+
+def test_tf_config_chief_and_worker_under_multi_worker_mirrored(tmp_path):
+    """As Kubernetes would start them: same command, TF_CONFIG differing by task; the chief reports."""
+    spec = {"chief": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
+            "worker": [f"127.0.0.1:{portpicker.pick_unused_port()}"]}
+    procs = {}
+    for task_type in ("chief", "worker"):
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": task_type, "index": 0}})}
+        procs[task_type] = start(tmp_path / task_type, "strategy=multi_worker_mirrored", "cluster=tf_config",
+                                 *BUNDLED_ONE_EPOCH, env=env)
+    outs = {name: finish(proc) for name, proc in procs.items()}
+    for name, proc in procs.items():
+        assert proc.returncode == 0, outs[name][-4000:]
+    results = json.loads((tmp_path / "chief" / "results.json").read_text())
+    assert (results["num_workers"], results["num_replicas"]) == (2, 2) and results["test_accuracy"] > 0.6
+    assert not (tmp_path / "worker" / "results.json").exists()  # only the chief writes results
+    for name in procs:
+        assert_nothing_left(tmp_path / name)
+
+
+def test_multi_worker_mirrored_matches_one_device(tmp_path):
+    """2 workers with global batch B end with the same weights as one device with batch B."""
+    overrides = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic",
+                 "data.train_examples=1024", "data.test_examples=128", "trainer.epochs=2",
+                 "trainer.batch_size=64", "trainer.verbose=0"]
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", *overrides)
+    assert out.returncode == 0, out.stdout[-4000:]
+    _, single = train(make_cfg(*overrides, "trainer.save_model=false"), tmp_path)
+    restored = keras.models.clone_model(single)
+    checkpoint = tf.train.Checkpoint(model=restored)
+    checkpoint.restore(tf.train.latest_checkpoint(run_dir / "checkpoints")).expect_partial()
+    moved = 0.0
+    for w_workers, w_single, w_init in zip(restored.get_weights(), single.get_weights(),
+                                           keras.models.clone_model(single).get_weights()):
+        np.testing.assert_allclose(w_workers, w_single, atol=1e-5, rtol=0)
+        moved = max(moved, float(np.abs(w_single - w_init).max()))
+    assert moved > 1e-2  # training changed the weights, so agreeing means something
+    assert_nothing_left(run_dir)
+
+
+def test_a_failed_worker_stops_a_synchronous_cluster(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
+                 "trainer.epochs=1000", "trainer.verbose=2", "trainer.save_model=false")
+    try:
+        log = run_dir / "logs" / "worker-1.log"
+        wait_until(lambda: log.exists() and "Epoch 2/" in log.read_text(), proc, "epoch 2")
+        victim = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]
+                      if t["name"] == "worker-1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        out = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "error: task worker-1 exited with status -9; the end of its log" in out
+    assert_nothing_left(run_dir)
+
+
+def test_ctrl_c_stops_every_task_of_a_cluster(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=parameter_server", "data=synthetic", "trainer.epochs=1000",
+                 "trainer.save_model=false")
+    try:
+        log = run_dir / "logs" / "chief-0.log"
+        wait_until(lambda: log.exists() and "Epoch 1/" in log.read_text(), proc, "epoch 1")
+        pids = task_pids(run_dir)
+        assert len(pids) == 4 and all(alive(p) for p in pids)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert_nothing_left(run_dir)
+
+
+def test_a_task_that_does_not_come_up_is_named_with_its_log(tmp_path):
+    run_dir = tmp_path / "run"
+    # TensorFlow alone takes seconds to import, so no task can be up within 0.5 s.
+    out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.startup_timeout=0.5", *BUNDLED_ONE_EPOCH)
+    assert out.returncode == 1
+    assert "error: task worker-0 did not come up within 0.5 s (cluster.startup_timeout); the end of its log" \
+        in out.stderr
+    assert_nothing_left(run_dir)
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["strategy=parameter_server", "cluster.ps=0"], {}, "strategy=parameter_server needs at least one ps task"),
+    (["strategy=parameter_server", "cluster=tf_config"], {"TF_CONFIG": "{oops"}, "TF_CONFIG is not valid JSON"),
+    (["strategy=multi_worker_mirrored", "cluster=manual", "cluster.worker_hosts=[127.0.0.1:1,localhost]",
+      "cluster.task_type=worker"], {}, "worker address 'localhost' is not host:port"),
+    (["strategy=multi_worker_mirrored", "cluster=manual", "cluster.worker_hosts=[127.0.0.1:1]",
+      "cluster.task_type=worker", "cluster.task_index=3"], {}, "task index 3 is outside the cluster"),
+])
+def test_misconfigured_clusters_get_one_line(tmp_path, args, env, message):
+    out = run_cli(tmp_path / "run", *args, *BUNDLED_ONE_EPOCH, env_extra=env)
+    assert out.returncode == 2
+    errors = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out = run_cli(tmp_path / "run", "strategy=parameter_server", "cluster=manual", "cluster.task_type=ps",
+                      f"cluster.ps_hosts=[127.0.0.1:{port}]", "cluster.worker_hosts=[127.0.0.1:1]",
+                      "cluster.chief_host=127.0.0.1:2", *BUNDLED_ONE_EPOCH)
+    assert out.returncode == 2
+    assert f"error: port {port} of ps:0 (127.0.0.1:{port}) is already in use" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
