@@ -104,6 +104,7 @@ def test_thread_caps_share_the_cores_and_never_starve_inter_op():
     assert cluster.thread_caps("worker", 2, cores=2) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
     assert cluster.thread_caps("worker", 1, cores=8)["TF_NUM_INTRAOP_THREADS"] == "8"
     assert cluster.thread_caps("worker", 4, cores=8)["TF_NUM_INTRAOP_THREADS"] == "2"
+    assert cluster.thread_caps("worker", 2, per_worker=3, cores=2)["TF_NUM_INTRAOP_THREADS"] == "3"
     assert cluster.thread_caps("ps", 4, cores=2) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
 
 
@@ -133,3 +134,8 @@ def test_private_network_can_be_turned_off():
     with cluster.PrivateNetwork(enabled=False) as net:
         assert not net.available and "cluster.isolate=false" in net.reason
         assert net.wrap(["x"]) == ["x"]
+
+
+def test_pinned_workers_get_cores_of_their_own():
+    assert [cluster.worker_cores(i, 1, cores=[0, 1]) for i in range(3)] == [{0}, {1}, {0}]
+    assert [cluster.worker_cores(i, 2, cores=[0, 1, 2, 3]) for i in range(2)] == [{0, 1}, {2, 3}]

@@ -168,3 +168,27 @@ def test_pipeline_normalises_batches_and_shuffles_reproducibly():
     shard = list(data.make_dataset(x, y, 16, seed=5, shard=(2, tf.constant(1, tf.int64))))
     assert sum(len(b[1]) for b in shard) == 50 and shard[0][0].shape[0] == 16
     np.testing.assert_array_equal(np.concatenate([b[1] for b in shard]), y[1::2])  # worker 1's half
+
+
+def test_worker_parts_reassemble_the_one_device_batches():
+    """Sync workers each build their slice of every global batch: together, exactly one device's."""
+    (x, y), _ = data.synthetic(200, 1, seed=0)
+
+    def batches(**kwargs):
+        ds = data.make_dataset(x, y, 64, seed=9, shuffle_buffer=1000, drop_remainder=True, **kwargs)
+        return [b[1].numpy() for b in ds]
+
+    whole = batches()
+    halves = [batches(part=(i, 2)) for i in range(2)]
+    assert len(whole) == 3 and all(len(b) == 64 for b in whole)  # 200 // 64, remainder dropped
+    for step, batch in enumerate(whole):
+        np.testing.assert_array_equal(np.concatenate([halves[0][step], halves[1][step]]), batch)
+    assert not np.array_equal(halves[0][0], halves[1][0])
+
+
+def test_repeated_epochs_are_reshuffled_whole_batches():
+    (x, y), _ = data.synthetic(96, 1, seed=0)
+    ds = data.make_dataset(x, y, 32, seed=3, shuffle_buffer=1000, repeat=True, drop_remainder=True)
+    epochs = np.concatenate([b[1].numpy() for b in ds.take(6)]).reshape(2, 96)
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(y.tolist())  # each epoch: every example once
+    assert epochs[0].tolist() != epochs[1].tolist()

@@ -135,12 +135,21 @@ def check_port_free(task: TaskSpec) -> None:
                               "stop what holds it or give this task another port") from None
 
 
-def thread_caps(task_type: str, compute_tasks: int, cores: int | None = None) -> dict:
-    """TensorFlow thread-pool sizes so the tasks share the cores: compute tasks split them, ps and
-    chief tasks mostly wait. Never fewer than 2 inter-op threads: a worker with one can deadlock."""
+def thread_caps(task_type: str, workers: int, per_worker: int | None = None, cores: int | None = None) -> dict:
+    """TensorFlow thread-pool sizes so the tasks share the cores: workers split them (or take
+    per_worker each), ps and chief tasks mostly wait. Never fewer than 2 inter-op threads: a worker
+    with one can deadlock."""
     cores = cores or len(os.sched_getaffinity(0))
-    intra = max(1, cores // max(1, compute_tasks)) if task_type == "worker" else 1
+    intra = 1
+    if task_type == "worker":
+        intra = per_worker or max(1, cores // max(1, workers))
     return {"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(max(2, intra))}
+
+
+def worker_cores(index: int, per_worker: int, cores: list | None = None) -> set:
+    """The cores worker `index` is pinned to: its own `per_worker` of them, wrapping around if too few."""
+    cores = sorted(cores or os.sched_getaffinity(0))
+    return {cores[(index * per_worker + i) % len(cores)] for i in range(per_worker)}
 
 
 class PrivateNetwork:

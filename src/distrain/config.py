@@ -69,6 +69,8 @@ def validate(cfg: DictConfig) -> None:
         _positive_int(cfg.cluster.workers, "cluster.workers")
         if cfg.cluster.ps < 0:
             raise ConfigError(f"cluster.ps={cfg.cluster.ps} must be 0 or more: set e.g. cluster.ps=1")
+        if cfg.cluster.threads_per_worker is not None:
+            _positive_int(cfg.cluster.threads_per_worker, "cluster.threads_per_worker")
         if cfg.cluster.isolate not in ("auto", True, False):
             raise ConfigError(f"cluster.isolate={cfg.cluster.isolate!r} must be auto, true or false: "
                               "set cluster.isolate=auto")

@@ -150,26 +150,36 @@ def synthetic(train_examples: int, test_examples: int, seed: int):
     return draw(train_examples), draw(test_examples)
 
 
-def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None):
-    """The pipeline every strategy uses: shard, normalise, cache, shuffle (fixed seed), batch, prefetch.
+def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None,
+                 part=None, drop_remainder=False):
+    """The pipeline every strategy uses: shuffle (fixed seed) and batch example indices, then gather
+    and normalise each batch from the in-memory uint8 arrays, prefetching ahead of the model.
 
-    Sync strategies pass the GLOBAL batch and let the strategy split it over replicas; parameter-server
-    workers pass their per-replica batch and shard=(number of workers, this worker's index).
+    Shuffling indices rather than images is cheap, and lets a worker build only its own part of
+    each batch: part=(i, n) keeps slice i of n of every batch, in order, so n sync workers together
+    see exactly the batches one device would. shard=(n, i) keeps every n-th example instead
+    (parameter-server workers, each reading its own share). The arrays live in memory as tensors,
+    which is the cache: nothing is decoded twice.
     """
     import tensorflow as tf  # here, not at the top: the launcher reads data without TensorFlow
 
-    ds = tf.data.Dataset.from_tensor_slices((images, labels.astype(np.int32)))
+    n = len(labels)
+    images, labels = tf.constant(images), tf.constant(labels.astype(np.int32))
+    ds = tf.data.Dataset.range(n)
     if shard is not None:
         ds = ds.shard(*shard)
-    ds = ds.map(lambda x, y: (tf.expand_dims(tf.cast(x, tf.float32) / 255.0, -1), y),
-                num_parallel_calls=tf.data.AUTOTUNE).cache()
     if shuffle_buffer:
-        ds = ds.shuffle(min(shuffle_buffer, len(labels)), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
+        ds = ds.shuffle(min(shuffle_buffer, n), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if repeat:  # after batching: every epoch is a fresh shuffle cut into whole batches
         ds = ds.repeat()
-    ds = ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    if part is not None:
+        i, n = part
+        ds = ds.map(lambda idx: idx[i * (batch_size // n):(i + 1) * (batch_size // n)])
+    ds = ds.map(lambda idx: (tf.expand_dims(tf.cast(tf.gather(images, idx), tf.float32) / 255.0, -1),
+                             tf.gather(labels, idx)), num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
-    # In-memory tensors have no files to shard by: split by element, consistently on every worker.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
-    return ds.with_options(options)
+    # Evaluation data goes to strategies whole: split it by element, the same way on every worker.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)

@@ -56,6 +56,7 @@ class Task:
     main: bool = True
     essential: bool = True
     spec: object = None  # the cluster.TaskSpec, for cluster tasks
+    cores: set = None  # CPU affinity, when pinned
     proc: subprocess.Popen = None
     ready: bool = False
 
@@ -66,10 +67,15 @@ class Task:
         self.proc = subprocess.Popen(
             self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # our signal handling decides when it stops, not the terminal's
-            preexec_fn=die_with_parent)
+            preexec_fn=self._in_child)
         self._pump = threading.Thread(target=self._copy_output, args=(f"[{self.name}] " if prefix else None,),
                                       daemon=True)
         self._pump.start()
+
+    def _in_child(self) -> None:  # between fork and exec
+        die_with_parent()
+        if self.cores:
+            os.sched_setaffinity(0, self.cores)
 
     def _copy_output(self, prefix) -> None:
         """Copy the output to our stdout (raw, or line by line with a prefix) and to the task's log.
@@ -113,6 +119,7 @@ class Task:
         spec = self.spec
         return {"name": self.name, "type": spec.type if spec else "local", "index": spec.index if spec else 0,
                 "address": spec.address if spec else None, "pid": self.proc.pid if self.proc else None,
+                "cores": sorted(self.cores) if self.cores else None,
                 "state": state, "log": str(self.log_path)}
 
 
@@ -229,10 +236,13 @@ def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
                 task = cluster_lib.TaskSpec(task_type, index, addresses[index])
                 # The chief coordinates parameter servers and needs few threads; workers share the cores.
                 env = {"TF_CONFIG": cluster_lib.tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller",
-                       **cluster_lib.thread_caps(task_type, c.workers)}
+                       **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
                 serves = strategy == "parameter_server" and task_type != "chief"
+                cores = None
+                if c.pin_workers and task_type == "worker":
+                    cores = cluster_lib.worker_cores(index, int(env["TF_NUM_INTRAOP_THREADS"]))
                 tasks.append(Task(task.name, net.wrap(argv), env, main=not serves,
-                                  essential=not (serves and task_type == "worker"), spec=task))
+                                  essential=not (serves and task_type == "worker"), spec=task, cores=cores))
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
         log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from . import data as data_lib
-from .config import check_batch_divides
+from .config import ConfigError, check_batch_divides
 from .model import build_model, compile_model, make_optimizer
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
 
@@ -53,8 +53,7 @@ def train(cfg, run_dir: Path, strategy=None):
     check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
 
     (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
-    train_ds = data_lib.make_dataset(x_train, y_train, t.batch_size, seed=t.seed,
-                                     shuffle_buffer=cfg.data.shuffle_buffer)
+    train_ds = distributed_train_dataset(strategy, x_train, y_train, cfg)
     test_ds = data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed)
 
     with strategy.scope():
@@ -70,7 +69,11 @@ def train(cfg, run_dir: Path, strategy=None):
     callbacks = [timer]
     if t.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(out_dir / "tensorboard")))
-    history = model.fit(train_ds, epochs=t.epochs, verbose=t.verbose, callbacks=callbacks)
+    steps = len(y_train) // t.batch_size
+    if steps == 0:
+        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
+                          f"examples: set trainer.batch_size={len(y_train)} or less")
+    history = model.fit(train_ds, epochs=t.epochs, steps_per_epoch=steps, verbose=t.verbose, callbacks=callbacks)
     test_loss, test_accuracy = model.evaluate(test_ds, verbose=0)
     if t.save_model:
         save(model, optimizer, out_dir)
@@ -80,6 +83,7 @@ def train(cfg, run_dir: Path, strategy=None):
     workers, ps = cluster_size(strategy)
     results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), timer.seconds)
     results.update({
+        "examples_per_sec": throughput(steps * t.batch_size, timer.seconds),
         "num_workers": workers,
         "num_ps": ps,
         "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
@@ -89,6 +93,22 @@ def train(cfg, run_dir: Path, strategy=None):
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
     })
     return results, model
+
+
+def distributed_train_dataset(strategy, images, labels, cfg):
+    """Every input pipeline (one per worker) builds the same shuffled global batches and keeps the
+    slice for its own replicas, one per-replica batch per element: the global batch is exactly the
+    one a single device would take. Every step is a full global batch (the remainder is dropped)."""
+    t = cfg.trainer
+
+    def dataset_fn(context):
+        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
+        ds = data_lib.make_dataset(images, labels, t.batch_size, seed=t.seed, drop_remainder=True, repeat=True,
+                                   shuffle_buffer=cfg.data.shuffle_buffer,
+                                   part=(context.input_pipeline_id, context.num_input_pipelines))
+        return ds.rebatch(context.get_per_replica_batch_size(t.batch_size)) if replicas_here > 1 else ds
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def base_results(cfg, strategy, model, policy, train_examples, test_examples, epoch_seconds) -> dict:
