@@ -267,3 +267,18 @@ def test_port_in_use_is_one_line(tmp_path):
     assert out.returncode == 2
     assert f"error: port {port} of ps:0 (127.0.0.1:{port}) is already in use" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_sidecar_evaluator_evaluates_every_epoch(tmp_path, strategy):
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, f"strategy={strategy}", "cluster.evaluator=true", "data=synthetic",
+                  "data.train_examples=1024", "trainer.epochs=3", "trainer.verbose=0")
+    assert out.returncode == 0, out.stdout[-4000:]
+    evaluations = json.loads((run_dir / "evaluation.json").read_text())["evaluations"]
+    assert evaluations[-1]["checkpoint"] == "ckpt-3"  # it stops after the last epoch's checkpoint
+    assert [e["epoch"] for e in evaluations] == sorted({e["epoch"] for e in evaluations})
+    final = json.loads((run_dir / "results.json").read_text())
+    assert evaluations[-1]["accuracy"] == pytest.approx(final["test_accuracy"], abs=1e-6)
+    assert "[evaluator-0] evaluator: epoch 3 (ckpt-3)" in out.stdout
+    assert_nothing_left(run_dir)

@@ -77,6 +77,9 @@ def validate(cfg: DictConfig) -> None:
         if cfg.cluster.startup_timeout <= 0:
             raise ConfigError(f"cluster.startup_timeout={cfg.cluster.startup_timeout} must be positive: "
                               "set e.g. cluster.startup_timeout=60")
+        if cfg.cluster.evaluator and not t.save_model:
+            raise ConfigError("cluster.evaluator=true evaluates the checkpoints that trainer.save_model=true "
+                              "writes: set trainer.save_model=true")
         if cfg.strategy.name == "parameter_server" and cfg.cluster.ps < 1:
             raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
     check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))

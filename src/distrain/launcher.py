@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import portpicker
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
@@ -152,7 +153,7 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None) 
                 if code:
                     log.warning("task %s exited with status %d: training carries on with the other workers",
                                 task.name, code)
-            if all(t.proc.poll() == 0 for t in tasks if t.main):
+            if all(t.proc.poll() is not None for t in tasks if t.main):  # failures returned above
                 for task in tasks:
                     task.main and task._pump.join(timeout=5)
                 return 0
@@ -221,6 +222,9 @@ def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
     """Every task of the cluster as a process on this machine, inside a private network if possible."""
     c, strategy = cfg.cluster, cfg.strategy.name
     spec = cluster_lib.local_spec(strategy, c.workers, c.ps)
+    # The evaluator is known to itself but not to the training tasks: strategies need not wait for it.
+    evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}") \
+        if c.evaluator else None
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net:
         if not net.available:
             if c.isolate is True:
@@ -243,6 +247,10 @@ def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
                     cores = cluster_lib.worker_cores(index, int(env["TF_NUM_INTRAOP_THREADS"]))
                 tasks.append(Task(task.name, net.wrap(argv), env, main=not serves,
                                   essential=not (serves and task_type == "worker"), spec=task, cores=cores))
+        if evaluator:
+            env = {"TF_CONFIG": cluster_lib.tf_config({**spec, "evaluator": [evaluator.address]}, evaluator),
+                   **cluster_lib.thread_caps("evaluator", c.workers)}
+            tasks.append(Task(evaluator.name, net.wrap(argv), env, essential=False, spec=evaluator))
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
         log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
 

@@ -25,6 +25,8 @@ def main(argv=None) -> int:
         task = None
         if cfg.strategy.name in CLUSTER_STRATEGIES:
             _, task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+            if task.type == "evaluator":
+                return evaluate(cfg, run_dir, task)
             cluster_lib.check_port_free(task)
             if cfg.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
                 return serve(task)
@@ -43,6 +45,15 @@ def main(argv=None) -> int:
     if is_chief(strategy):
         report.write_results(run_dir, results)
         print(report.summary_line(results), flush=True)
+    return 0
+
+
+def evaluate(cfg, run_dir: Path, task) -> int:
+    """The evaluator task: no server, no strategy; it reads the chief's checkpoints as they appear."""
+    from .training import evaluate_checkpoints
+
+    print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})", flush=True)
+    report.write_json(run_dir / "evaluation.json", evaluate_checkpoints(cfg, run_dir))
     return 0
 
 

@@ -67,6 +67,8 @@ def train(cfg, run_dir: Path, strategy=None):
     out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-"))
     timer = EpochTimer()
     callbacks = [timer]
+    if t.save_model:
+        callbacks.append(EpochCheckpoint(checkpoint_manager(model, optimizer, checkpoint_dir(cfg, out_dir, chief))))
     if t.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(out_dir / "tensorboard")))
     steps = len(y_train) // t.batch_size
@@ -76,7 +78,7 @@ def train(cfg, run_dir: Path, strategy=None):
     history = model.fit(train_ds, epochs=t.epochs, steps_per_epoch=steps, verbose=t.verbose, callbacks=callbacks)
     test_loss, test_accuracy = model.evaluate(test_ds, verbose=0)
     if t.save_model:
-        save(model, optimizer, out_dir)
+        model.save(str(out_dir / "saved_model"))
     if not chief:
         shutil.rmtree(out_dir, ignore_errors=True)
 
@@ -187,6 +189,7 @@ def train_async(cfg, run_dir: Path, strategy):
             strategy.run(step, args=next(iterator))
         return tf.distribute.coordinator.experimental_get_current_worker_index()
 
+    manager = checkpoint_manager(model, optimizer, checkpoint_dir(cfg, run_dir)) if t.save_model else None
     epoch_seconds, history = [], {"loss": [], "accuracy": []}
     worker_steps = {i: 0 for i in range(workers)}
     for epoch in range(t.epochs):
@@ -204,6 +207,8 @@ def train_async(cfg, run_dir: Path, strategy):
         print(f"Epoch {epoch + 1}/{t.epochs} - global step {int(optimizer.iterations.numpy())} "
               f"({per_worker}) - loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f} "
               f"- {epoch_seconds[-1]:.1f}s", flush=True)
+        if manager:
+            manager.save(checkpoint_number=epoch + 1)
 
     # Inline evaluation: a local copy of the trained weights, on the coordinator.
     evaluated = build_model(cfg.model)
@@ -212,7 +217,7 @@ def train_async(cfg, run_dir: Path, strategy):
     test_loss, test_accuracy = evaluated.evaluate(
         data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed), verbose=0)
     if t.save_model:
-        save(evaluated, optimizer, run_dir, checkpoint_model=model)
+        evaluated.save(str(run_dir / "saved_model"))
 
     examples_per_epoch = schedules * per_schedule * t.batch_size
     results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), epoch_seconds)
@@ -244,8 +249,54 @@ def placement_table(variables, num_ps: int) -> str:
     return "\n".join(lines)
 
 
-def save(model, optimizer, run_dir: Path, checkpoint_model=None) -> None:
-    """Layout: checkpoints/ (tf.train.CheckpointManager, for resuming) and saved_model/ (for serving)."""
-    checkpoint = tf.train.Checkpoint(model=checkpoint_model or model, optimizer=optimizer)
-    tf.train.CheckpointManager(checkpoint, str(run_dir / "checkpoints"), max_to_keep=3).save()
-    model.save(str(run_dir / "saved_model"))
+def checkpoint_dir(cfg, run_dir: Path, chief: bool = True) -> Path:
+    """Where ckpt-<epoch> goes: trainer.checkpoint_dir if set (the chief's), else <run dir>/checkpoints."""
+    if chief and cfg.trainer.checkpoint_dir:
+        return Path(cfg.trainer.checkpoint_dir)
+    return run_dir / "checkpoints"
+
+
+def checkpoint_manager(model, optimizer, directory: Path) -> tf.train.CheckpointManager:
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=3)
+
+
+class EpochCheckpoint(keras.callbacks.Callback):
+    """Saves ckpt-<epoch> after every epoch: for a sidecar evaluator now, for resuming later."""
+
+    def __init__(self, manager):
+        super().__init__()
+        self.manager = manager
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.manager.save(checkpoint_number=epoch + 1)
+
+
+def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
+    """The evaluator task: evaluate each checkpoint the chief writes, until the last epoch's."""
+    t = cfg.trainer
+    set_precision(t.mixed_precision)
+    (_, _), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+    model = build_model(cfg.model)
+    compile_model(model, make_optimizer(cfg.optimizer, t.learning_rate), t)
+    evaluations = []
+
+    directory = checkpoint_dir(cfg, run_dir)
+
+    class Report(keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):  # just after SidecarEvaluator restored the newest checkpoint
+            self.checkpoint = Path(tf.train.latest_checkpoint(str(directory))).name
+
+        def on_test_end(self, logs=None):
+            epoch = int(self.checkpoint.rsplit("-", 1)[-1])
+            evaluations.append({"checkpoint": self.checkpoint, "epoch": epoch,
+                                **{k: float(v) for k, v in logs.items()}})
+            print(f"evaluator: epoch {epoch} ({self.checkpoint}): test loss {logs['loss']:.4f}, "
+                  f"accuracy {logs['accuracy']:.4f}", flush=True)
+
+    print(f"evaluator: waiting for checkpoints in {directory}", flush=True)
+    evaluator = keras.utils.SidecarEvaluator(
+        model, data=data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed),
+        checkpoint_dir=str(directory), max_evaluations=t.epochs, callbacks=[Report()])  # stops at ckpt-<epochs>
+    evaluator.start()
+    return {"checkpoint_dir": str(directory), "evaluations": evaluations}
