@@ -159,8 +159,6 @@ def train_async(cfg, run_dir: Path, strategy):
         model = build_model(cfg.model)
         optimizer = make_optimizer(cfg.optimizer, t.learning_rate)
         optimizer.build(model.trainable_variables)
-        loss_metric = keras.metrics.Mean()
-        accuracy_metric = keras.metrics.SparseCategoricalAccuracy()
     print(placement_table(model.variables + optimizer.variables, ps), flush=True)
 
     def dataset_fn(input_context):
@@ -176,33 +174,38 @@ def train_async(cfg, run_dir: Path, strategy):
 
     @tf.function
     def train_steps(iterator):
+        """`per_schedule` steps on one worker. Loss and accuracy are summed here and returned, not kept
+        in metric variables: those would live on the ps tasks and cost remote updates every step."""
         def step(images, labels):
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
                 loss = tf.nn.compute_average_loss(loss_fn(labels, logits))
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            loss_metric.update_state(loss)
-            accuracy_metric.update_state(labels, logits)
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+            return loss, correct, tf.cast(tf.size(labels), tf.float32)
 
+        totals = tf.zeros([3])
         for _ in tf.range(per_schedule):
-            strategy.run(step, args=next(iterator))
-        return tf.distribute.coordinator.experimental_get_current_worker_index()
+            per_replica = strategy.run(step, args=next(iterator))
+            totals += tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica])
+        return tf.distribute.coordinator.experimental_get_current_worker_index(), totals
 
     manager = checkpoint_manager(model, optimizer, checkpoint_dir(cfg, run_dir)) if t.save_model else None
     epoch_seconds, history = [], {"loss": [], "accuracy": []}
     worker_steps = {i: 0 for i in range(workers)}
     for epoch in range(t.epochs):
-        loss_metric.reset_state()
-        accuracy_metric.reset_state()
         start = time.perf_counter()
         done = [coordinator.schedule(train_steps, args=(iterator,)) for _ in range(schedules)]
         coordinator.join()
         epoch_seconds.append(time.perf_counter() - start)
+        loss_sum, correct, examples = 0.0, 0.0, 0.0
         for remote in done:
-            worker_steps[int(remote.fetch())] += per_schedule
-        history["loss"].append(float(loss_metric.result()))
-        history["accuracy"].append(float(accuracy_metric.result()))
+            worker, (step_losses, step_correct, step_examples) = remote.fetch()
+            worker_steps[int(worker)] += per_schedule
+            loss_sum, correct, examples = loss_sum + step_losses, correct + step_correct, examples + step_examples
+        history["loss"].append(float(loss_sum) / (schedules * per_schedule))  # mean over the epoch's steps
+        history["accuracy"].append(float(correct) / float(examples))
         per_worker = ", ".join(f"worker {i}: {n}" for i, n in worker_steps.items())
         print(f"Epoch {epoch + 1}/{t.epochs} - global step {int(optimizer.iterations.numpy())} "
               f"({per_worker}) - loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f} "
