@@ -152,8 +152,12 @@ def train_async(cfg, run_dir: Path, strategy):
     print(f"coordinator up: {workers} worker(s), {ps} ps task(s)", flush=True)
 
     (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
-    per_schedule = cfg.strategy.steps_per_schedule
-    schedules = max(1, len(y_train) // (t.batch_size * per_schedule))  # about one pass over the data
+    # An epoch is one pass over the data, ending at a join(): with too few scheduled functions per
+    # epoch, workers idle while the last ones finish. Keep at least 4 per worker.
+    steps_per_epoch = max(1, len(y_train) // t.batch_size)
+    per_schedule = max(1, min(cfg.strategy.steps_per_schedule, steps_per_epoch // (4 * workers)))
+    schedules = max(1, steps_per_epoch // per_schedule)
+    print(f"coordinator: {schedules} functions of {per_schedule} steps per epoch", flush=True)
 
     with strategy.scope():
         model = build_model(cfg.model)
