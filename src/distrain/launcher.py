@@ -48,7 +48,7 @@ def die_with_parent():
 class Task:
     """One child process. `name` prefixes its lines (when several share the terminal) and names its log.
 
-    main: the run is over once every main task has exited 0.  essential: its failure ends the run
+    main: the run is over once every main task has exited.  essential: its failure ends the run
     (a parameter-server worker is not: the coordinator carries on with the others).
     """
     name: str
@@ -127,7 +127,7 @@ class Task:
 def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None) -> int:
     """Start the tasks and supervise them until the run is over; returns its exit status.
 
-    Over when every main task has exited 0 (status 0), an essential task fails (its status), tasks
+    Over when every main task has exited (status 0), an essential task fails (its status), tasks
     are not all up within startup_timeout seconds (1), or we are interrupted (128 + signal).
     Whatever happens, no task outlives this call.
     """
@@ -155,15 +155,17 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None) 
                                 task.name, code)
             if all(t.proc.poll() is not None for t in tasks if t.main):  # failures returned above
                 for task in tasks:
-                    task.main and task._pump.join(timeout=5)
+                    if task.proc.poll() is not None:  # (servers still running are stopped below)
+                        task._pump.join(timeout=5)  # their last lines reach the terminal and the logs
                 return 0
-            if startup_timeout and time.monotonic() > deadline and not all(t.ready for t in tasks):
-                late = next(t for t in tasks if not t.ready and t.proc.poll() is None)
+            starting = [t for t in tasks if not t.ready and t.proc.poll() is None]
+            if startup_timeout and starting and time.monotonic() > deadline:
+                late = starting[0]
                 print(f"error: task {late.name} did not come up within {startup_timeout} s "
                       f"(cluster.startup_timeout); the end of its log ({late.log_path}):\n{late.log_tail()}",
                       file=sys.stderr, flush=True)
                 return 1
-            if all(t.ready for t in tasks):
+            if not starting:
                 startup_timeout = None
             time.sleep(0.1)
     except Interrupted as exc:

@@ -83,9 +83,9 @@ def train(cfg, run_dir: Path, strategy=None):
         shutil.rmtree(out_dir, ignore_errors=True)
 
     workers, ps = cluster_size(strategy)
-    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), timer.seconds)
+    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), steps * t.batch_size,
+                           timer.seconds)
     results.update({
-        "examples_per_sec": throughput(steps * t.batch_size, timer.seconds),
         "num_workers": workers,
         "num_ps": ps,
         "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
@@ -113,7 +113,9 @@ def distributed_train_dataset(strategy, images, labels, cfg):
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def base_results(cfg, strategy, model, policy, train_examples, test_examples, epoch_seconds) -> dict:
+def base_results(cfg, strategy, model, policy, train_examples, test_examples, epoch_examples,
+                 epoch_seconds) -> dict:
+    """The results every strategy reports; epoch_examples: examples trained on per epoch."""
     t = cfg.trainer
     return {
         "strategy": cfg.strategy.name,
@@ -134,7 +136,7 @@ def base_results(cfg, strategy, model, policy, train_examples, test_examples, ep
         "test_examples": test_examples,
         "train_seconds": sum(epoch_seconds),
         "epoch_seconds": epoch_seconds,
-        "examples_per_sec": throughput(train_examples, epoch_seconds),
+        "examples_per_sec": throughput(epoch_examples, epoch_seconds),
         "seed": t.seed,
         "tensorflow_version": tf.__version__,
     }
@@ -226,8 +228,8 @@ def train_async(cfg, run_dir: Path, strategy):
     if t.save_model:
         evaluated.save(str(run_dir / "saved_model"))
 
-    examples_per_epoch = schedules * per_schedule * t.batch_size
-    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), epoch_seconds)
+    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test),
+                           schedules * per_schedule * t.batch_size, epoch_seconds)
     results.update({
         "num_replicas": workers * strategy.num_replicas_in_sync,
         "num_workers": workers,
@@ -236,7 +238,6 @@ def train_async(cfg, run_dir: Path, strategy):
         "steps_per_schedule": per_schedule,
         "global_steps": int(optimizer.iterations.numpy()),
         "worker_steps": {str(i): n for i, n in worker_steps.items()},
-        "examples_per_sec": throughput(examples_per_epoch, epoch_seconds),
         "steps_per_sec": throughput(schedules * per_schedule, epoch_seconds),
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
