@@ -180,7 +180,11 @@ def test_multi_worker_mirrored_matches_one_device(tmp_path):
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", *overrides)
     assert out.returncode == 0, out.stdout[-4000:]
-    _, single = train(make_cfg(*overrides, "trainer.save_model=false"), tmp_path)
+    single_results, single = train(make_cfg(*overrides, "trainer.save_model=false"), tmp_path)
+    # The epoch lines are global values, not one worker's: the same as one device's, epoch by epoch.
+    worker_results = json.loads((run_dir / "results.json").read_text())
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(worker_results["history"][key], single_results["history"][key], rtol=1e-4)
     restored = keras.models.clone_model(single)
     checkpoint = tf.train.Checkpoint(model=restored)
     checkpoint.restore(tf.train.latest_checkpoint(run_dir / "checkpoints")).expect_partial()
