@@ -285,26 +285,22 @@ def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
     t = cfg.trainer
     set_precision(t.mixed_precision)
     (_, _), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+    test_ds = data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed)
     model = build_model(cfg.model)
     compile_model(model, make_optimizer(cfg.optimizer, t.learning_rate), t)
-    evaluations = []
-
     directory = checkpoint_dir(cfg, run_dir)
-
-    class Report(keras.callbacks.Callback):
-        def on_test_begin(self, logs=None):  # just after SidecarEvaluator restored the newest checkpoint
-            self.checkpoint = Path(tf.train.latest_checkpoint(str(directory))).name
-
-        def on_test_end(self, logs=None):
-            epoch = int(self.checkpoint.rsplit("-", 1)[-1])
-            evaluations.append({"checkpoint": self.checkpoint, "epoch": epoch,
-                                **{k: float(v) for k, v in logs.items()}})
-            print(f"evaluator: epoch {epoch} ({self.checkpoint}): test loss {logs['loss']:.4f}, "
-                  f"accuracy {logs['accuracy']:.4f}", flush=True)
-
     print(f"evaluator: waiting for checkpoints in {directory}", flush=True)
-    evaluator = keras.utils.SidecarEvaluator(
-        model, data=data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed),
-        checkpoint_dir=str(directory), max_evaluations=t.epochs, callbacks=[Report()])  # stops at ckpt-<epochs>
-    evaluator.start()
+    evaluations = []
+    for path in tf.train.checkpoints_iterator(str(directory)):  # each newest checkpoint, once
+        try:
+            tf.train.Checkpoint(model=model).restore(path).expect_partial()
+        except (tf.errors.NotFoundError, tf.errors.DataLossError):  # pruned before we got to it
+            continue
+        loss, accuracy = model.evaluate(test_ds, verbose=0)
+        epoch = int(path.rsplit("-", 1)[-1])
+        evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "loss": loss, "accuracy": accuracy})
+        print(f"evaluator: epoch {epoch} ({Path(path).name}): test loss {loss:.4f}, accuracy {accuracy:.4f}",
+              flush=True)
+        if epoch >= t.epochs:
+            break
     return {"checkpoint_dir": str(directory), "evaluations": evaluations}
