@@ -85,6 +85,12 @@ def tf_config(spec: dict, task: TaskSpec) -> str:
     return json.dumps({"cluster": spec, "task": {"type": task.type, "index": task.index}})
 
 
+def task_env(spec: dict, task: TaskSpec) -> dict:
+    """What a task process needs to know: its place in the cluster, and that a lost peer is an
+    error at once (GRPC_FAIL_FAST) rather than a wait that never ends."""
+    return {"TF_CONFIG": tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller"}
+
+
 def from_tf_config(text, strategy: str) -> tuple[dict, TaskSpec]:
     """The cluster and this task from a TF_CONFIG value (as Kubeflow, Vertex AI or Ray set it)."""
     if not text:

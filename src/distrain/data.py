@@ -174,8 +174,9 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
     if repeat:  # after batching: every epoch is a fresh shuffle cut into whole batches
         ds = ds.repeat()
     if part is not None:
-        i, n = part
-        ds = ds.map(lambda idx: idx[i * (batch_size // n):(i + 1) * (batch_size // n)])
+        i, parts = part
+        size = batch_size // parts
+        ds = ds.map(lambda idx: idx[i * size:(i + 1) * size])
     ds = ds.map(lambda idx: (tf.expand_dims(tf.cast(tf.gather(images, idx), tf.float32) / 255.0, -1),
                              tf.gather(labels, idx)), num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()

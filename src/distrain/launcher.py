@@ -216,8 +216,8 @@ def launch(cfg, run_dir: Path) -> int:
         return _finish(run_local_cluster(cfg, run_dir, argv), run_dir)
     # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
     log.info("this process is task %s:%d of %s", task.type, task.index, spec)
-    env = {"TF_CONFIG": cluster_lib.tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller"}
-    return _finish(run_tasks([Task(task.name, argv, env, spec=task)], run_dir), run_dir)
+    return _finish(run_tasks([Task(task.name, argv, cluster_lib.task_env(spec, task), spec=task)], run_dir),
+                   run_dir)
 
 
 def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
@@ -238,10 +238,10 @@ def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
                         net.reason)
         tasks = []
         for task_type, addresses in spec.items():
-            for index in range(len(addresses)):
-                task = cluster_lib.TaskSpec(task_type, index, addresses[index])
+            for index, address in enumerate(addresses):
+                task = cluster_lib.TaskSpec(task_type, index, address)
                 # The chief coordinates parameter servers and needs few threads; workers share the cores.
-                env = {"TF_CONFIG": cluster_lib.tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller",
+                env = {**cluster_lib.task_env(spec, task),
                        **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
                 serves = strategy == "parameter_server" and task_type != "chief"
                 cores = None
@@ -250,7 +250,7 @@ def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
                 tasks.append(Task(task.name, net.wrap(argv), env, main=not serves,
                                   essential=not (serves and task_type == "worker"), spec=task, cores=cores))
         if evaluator:
-            env = {"TF_CONFIG": cluster_lib.tf_config({**spec, "evaluator": [evaluator.address]}, evaluator),
+            env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
                    **cluster_lib.thread_caps("evaluator", c.workers)}
             tasks.append(Task(evaluator.name, net.wrap(argv), env, essential=False, spec=evaluator))
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"

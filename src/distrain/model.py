@@ -3,6 +3,11 @@ import tensorflow as tf
 import tf_keras as keras
 
 
+def hits(labels, logits):
+    """1.0 where the highest logit is the label, else 0.0."""
+    return tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
+
+
 class Model(keras.Model):
     """A Keras model whose training step, across workers, reports its own batch instead of metrics.
 
@@ -22,9 +27,8 @@ class Model(keras.Model):
             loss = self.compute_loss(images, labels, logits)
         self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
         self.compiled_metrics.update_state(labels, logits)
-        hits = tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels)
         return {"loss": tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)),
-                "accuracy": tf.reduce_mean(tf.cast(hits, tf.float32))}
+                "accuracy": tf.reduce_mean(hits(labels, logits))}
 
 
 def build_model(model) -> keras.Model:

@@ -17,10 +17,6 @@ def write_results(run_dir: Path, results: dict) -> Path:
     return write_json(Path(run_dir) / RESULTS, results)
 
 
-def read_results(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / RESULTS).read_text())
-
-
 def summary_line(r: dict) -> str:
     return (f"Test accuracy {r['test_accuracy']:.2%}, loss {r['test_loss']:.4f} | "
             f"{r['train_seconds']:.1f} s training, {r['examples_per_sec']:,.0f} examples/s | "

@@ -9,7 +9,7 @@ import tf_keras as keras
 
 from . import data as data_lib
 from .config import ConfigError, check_batch_divides
-from .model import build_model, compile_model, make_optimizer
+from .model import build_model, compile_model, hits, make_optimizer
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
 
 
@@ -53,6 +53,10 @@ def train(cfg, run_dir: Path, strategy=None):
     check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
 
     (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+    steps = len(y_train) // t.batch_size
+    if steps == 0:
+        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
+                          f"examples: set trainer.batch_size={len(y_train)} or less")
     train_ds = distributed_train_dataset(strategy, x_train, y_train, cfg)
     test_ds = data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed)
 
@@ -71,10 +75,6 @@ def train(cfg, run_dir: Path, strategy=None):
         callbacks.append(EpochCheckpoint(checkpoint_manager(model, optimizer, checkpoint_dir(cfg, out_dir, chief))))
     if t.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(out_dir / "tensorboard")))
-    steps = len(y_train) // t.batch_size
-    if steps == 0:
-        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
-                          f"examples: set trainer.batch_size={len(y_train)} or less")
     history = model.fit(train_ds, epochs=t.epochs, steps_per_epoch=steps, verbose=t.verbose, callbacks=callbacks)
     test_loss, test_accuracy = model.evaluate(test_ds, verbose=0)
     if t.save_model:
@@ -188,8 +188,7 @@ def train_async(cfg, run_dir: Path, strategy):
                 loss = tf.nn.compute_average_loss(loss_fn(labels, logits))
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-            return loss, correct, tf.cast(tf.size(labels), tf.float32)
+            return loss, tf.reduce_sum(hits(labels, logits)), tf.cast(tf.size(labels), tf.float32)
 
         totals = tf.zeros([3])
         for _ in tf.range(per_schedule):
