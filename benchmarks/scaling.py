@@ -1,10 +1,11 @@
 """Multi-worker scaling, measured side by side in one run (never in timed tests: machines are noisy).
 
-    python benchmarks/scaling.py [--rounds 2] [--epochs 4] [--batch 128] [--out scaling.json]
+    python benchmarks/scaling.py [--rounds 3] [--epochs 4] [--batch 128] [--examples 16384] [--out scaling.json]
 
 Every configuration is `python train.py ...` in fresh processes, each worker pinned to one core,
-the same per-worker batch; rounds interleave the configurations so drift hits them alike, and the
-median of the rounds is reported. Throughput leaves out the first epoch (tracing, warm-up).
+the same per-worker batch. Each round runs all four back to back and gives its own ratios, so drift
+on a shared machine hits both sides of a ratio alike; the median over the rounds is reported, with
+the range. Throughput leaves out the first epoch (tracing, warm-up).
   sync:  multi_worker_mirrored, 2 workers vs 1: efficiency = examples/s(2) / (2 x examples/s(1))
   async: parameter_server (1 ps), 2 workers vs 1: speed-up = steps/s(2) / steps/s(1)
 """
@@ -30,9 +31,9 @@ def configs(batch: int) -> dict:
     }
 
 
-def run(args: list, epochs: int, workdir: Path) -> dict:
+def run(args: list, epochs: int, examples: int, workdir: Path) -> dict:
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    common = ["data=synthetic", "data.train_examples=8192", "data.test_examples=256", f"trainer.epochs={epochs}",
+    common = ["data=synthetic", f"data.train_examples={examples}", "data.test_examples=256", f"trainer.epochs={epochs}",
               "trainer.verbose=0", "trainer.save_model=false", "cluster.threads_per_worker=1",
               "cluster.pin_workers=true"]
     out = subprocess.run([sys.executable, str(TRAIN), f"hydra.run.dir={run_dir}", *common, *args],
@@ -44,9 +45,10 @@ def run(args: list, epochs: int, workdir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=128, help="per-worker batch")
+    parser.add_argument("--examples", type=int, default=16384, help="training examples per epoch")
     parser.add_argument("--out", type=Path, help="also write the measurements here as JSON")
     opts = parser.parse_args()
 
@@ -54,24 +56,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for round_ in range(opts.rounds):
             for name, args in configs(opts.batch).items():
-                r = run(args, opts.epochs, Path(workdir))
-                steps = r.get("steps_per_sec", r["examples_per_sec"] / r["global_batch_size"])
-                samples[name].append({"examples_per_sec": r["examples_per_sec"], "steps_per_sec": steps})
+                r = run(args, opts.epochs, opts.examples, Path(workdir))
+                samples[name].append({"examples_per_sec": r["examples_per_sec"], "steps_per_sec": r["steps_per_sec"]})
                 print(f"round {round_ + 1}/{opts.rounds}  {name:<17} {r['examples_per_sec']:8.0f} examples/s "
-                      f"{steps:7.1f} steps/s", flush=True)
+                      f"{r['steps_per_sec']:7.1f} steps/s", flush=True)
 
+    def ratios(config: str, key: str, factor: int) -> list:  # per round: 2 workers / (factor x 1 worker)
+        return [two[key] / (factor * one[key]) for one, two in
+                zip(samples[f"{config}, 1 worker"], samples[f"{config}, 2 workers"])]
+
+    sync_eff = ratios("sync", "examples_per_sec", 2)
+    async_up = ratios("async", "steps_per_sec", 1)
     median = {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
-    sync_eff = median["sync, 2 workers"]["examples_per_sec"] / (2 * median["sync, 1 worker"]["examples_per_sec"])
-    async_up = median["async, 2 workers"]["steps_per_sec"] / median["async, 1 worker"]["steps_per_sec"]
     print(f"\n{'configuration':<18} {'examples/s':>11} {'steps/s':>9}   (median of {opts.rounds} rounds, "
           f"per-worker batch {opts.batch}, one core per worker)")
     for name, m in median.items():
         print(f"{name:<18} {m['examples_per_sec']:>11.0f} {m['steps_per_sec']:>9.1f}")
-    print(f"\nsync  efficiency, 2 workers vs 2 x 1 worker: {sync_eff:.2f}  (target >= 0.85)")
-    print(f"async speed-up,   2 workers vs 1 worker:     {async_up:.2f}x (target >= 1.6)")
+    print(f"\nsync  efficiency, 2 workers vs 2 x 1 worker: {statistics.median(sync_eff):.2f}  "
+          f"(rounds {min(sync_eff):.2f}-{max(sync_eff):.2f}; target >= 0.85)")
+    print(f"async speed-up,   2 workers vs 1 worker:     {statistics.median(async_up):.2f}x "
+          f"(rounds {min(async_up):.2f}-{max(async_up):.2f}; target >= 1.6)")
     if opts.out:
         opts.out.write_text(json.dumps({"median": median, "samples": samples, "sync_efficiency": sync_eff,
-                                        "async_speedup": async_up, "batch": opts.batch}, indent=2) + "\n")
+                                        "async_speedup": async_up, "batch": opts.batch,
+                                        "examples": opts.examples}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from distrain.config import ConfigError
+from distrain import training
 from distrain.training import train
 from conftest import small
 
@@ -78,3 +79,21 @@ def test_saves_checkpoint_savedmodel_and_tensorboard(tmp_path):
     restored = keras.models.clone_model(model)
     tf.train.Checkpoint(model=restored).restore(str(tmp_path / "checkpoints" / "ckpt-1")).expect_partial()
     np.testing.assert_allclose(restored(x), model(x), atol=1e-6)
+
+
+def test_float16_policy_scales_the_loss(tmp_path, monkeypatch):
+    """GPUs get mixed_float16, whose small gradients need loss scaling: run that path on the CPU.
+    Without the unscaling, SGD would take steps 32768 times too large and diverge."""
+    def float16(enabled):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        return "mixed_float16"
+
+    monkeypatch.setattr(training, "set_precision", float16)
+    try:
+        results, model = train(small("model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.epochs=2",
+                                     "trainer.mixed_precision=true"), tmp_path)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
+    assert model.layers[2].compute_dtype == "float16"
+    assert results["history"]["loss"][1] < results["history"]["loss"][0] and results["test_accuracy"] > 0.5

@@ -1,9 +1,10 @@
-"""The training loop: devices, strategy, data, model, Keras fit, evaluation, saved artefacts."""
+"""The training loop: devices, strategy, data, model, training steps, evaluation, saved artefacts."""
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -11,19 +12,6 @@ from . import data as data_lib
 from .config import ConfigError, check_batch_divides
 from .model import build_model, compile_model, hits, make_optimizer
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
-
-
-class EpochTimer(keras.callbacks.Callback):
-    """Wall time of each epoch, for throughput that leaves out the first epoch's tracing."""
-
-    def on_train_begin(self, logs=None):
-        self.seconds = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
 
 
 def set_precision(enabled: bool) -> str:
@@ -41,60 +29,233 @@ def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
 
 
 def train(cfg, run_dir: Path, strategy=None):
-    """Train as the config says; returns (results dict, model). The chief saves into run_dir."""
+    """Train as the config says; returns (results dict, model). The chief saves into run_dir.
+
+    One loop for every strategy. An epoch is a series of calls to `train_steps`, a tf.function of a
+    few training steps: synchronous strategies call it in every worker process alike (gradients are
+    all-reduced inside the step); under parameter servers this process is the coordinator and
+    schedules the calls on whichever worker is free (asynchronous SGD).
+    """
     if strategy is None:
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy)
-    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
-        return train_async(cfg, run_dir, strategy)
     t = cfg.trainer
+    asynchronous = isinstance(strategy, tf.distribute.ParameterServerStrategy)
     policy = set_precision(t.mixed_precision)
     keras.utils.set_random_seed(t.seed)
-    check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
+    if not asynchronous:
+        check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
+    workers, ps = cluster_size(strategy)
 
     (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
     steps = len(y_train) // t.batch_size
     if steps == 0:
         raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
                           f"examples: set trainer.batch_size={len(y_train)} or less")
-    train_ds = distributed_train_dataset(strategy, x_train, y_train, cfg)
-    test_ds = data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed)
 
     with strategy.scope():
         model = build_model(cfg.model)
-        optimizer = make_optimizer(cfg.optimizer, t.learning_rate)
-        compile_model(model, optimizer, t)
+        optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
+        optimizer.build(model.trainable_variables)
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile and not asynchronous)
+    if asynchronous:
+        print(placement_table(model.variables + optimizer.variables, ps), flush=True)
+        # An epoch ends at a join(): with too few functions per epoch, workers idle while the last ones
+        # finish. Keep at least 4 per worker.
+        per_call = max(1, min(cfg.strategy.steps_per_schedule, steps // (4 * workers)))
+        runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, x_train, y_train, cfg),
+                             optimizer, workers)
+    else:
+        per_call = t.steps_per_execution
+        runner = SyncEpochs(strategy, train_steps, distributed_train_dataset(strategy, x_train, y_train, cfg),
+                            progress=t.verbose == 1)
+    calls = [per_call] * (steps // per_call) + [steps % per_call] * bool(steps % per_call)
+    if t.verbose:
+        print(f"{steps} steps per epoch, up to {per_call} per tf.function call", flush=True)
 
     chief = is_chief(strategy)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
     out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-"))
-    timer = EpochTimer()
-    callbacks = [timer]
-    if t.save_model:
-        callbacks.append(EpochCheckpoint(checkpoint_manager(model, optimizer, checkpoint_dir(cfg, out_dir, chief))))
-    if t.tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(out_dir / "tensorboard")))
-    history = model.fit(train_ds, epochs=t.epochs, steps_per_epoch=steps, verbose=t.verbose, callbacks=callbacks)
-    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0)
+    manager = checkpoint_manager(model, optimizer, checkpoint_dir(cfg, out_dir, chief)) if t.save_model else None
+    writer = tf.summary.create_file_writer(str(out_dir / "tensorboard" / "train")) if t.tensorboard else None
+    epoch_seconds, history = [], {"loss": [], "accuracy": []}
+    for epoch in range(t.epochs):
+        start = time.perf_counter()
+        loss_sum, correct, examples = runner.run(calls, header=f"Epoch {epoch + 1}/{t.epochs}")
+        epoch_seconds.append(time.perf_counter() - start)
+        history["loss"].append(loss_sum / examples)
+        history["accuracy"].append(correct / examples)
+        if t.verbose and not runner.progress:
+            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.describe(calls)} - {epoch_seconds[-1]:.1f}s - "
+                  f"loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f}", flush=True)
+        if manager:
+            manager.save(checkpoint_number=epoch + 1)
+        if writer:
+            with writer.as_default(step=epoch):
+                for name, values in history.items():
+                    tf.summary.scalar(f"epoch_{name}", values[-1])
+
+    global_steps = int(optimizer.iterations.numpy())
+    if asynchronous:  # evaluate and save a copy of the trained weights, here on the coordinator
+        trained, model = model, build_model(cfg.model)
+        model.set_weights(trained.get_weights())
+        optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
+    compile_model(model, optimizer, t)  # for evaluate(), and so that the SavedModel can train on
+    test_loss, test_accuracy = model.evaluate(data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed),
+                                              verbose=0)
     if t.save_model:
         model.save(str(out_dir / "saved_model"))
     if not chief:
         shutil.rmtree(out_dir, ignore_errors=True)
 
-    workers, ps = cluster_size(strategy)
-    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test), steps * t.batch_size,
-                           timer.seconds)
-    results.update({
+    results = {
+        "strategy": cfg.strategy.name,
+        "num_replicas": strategy.num_replicas_in_sync * (workers if asynchronous else 1),
         "num_workers": workers,
         "num_ps": ps,
+        "devices": replica_devices(strategy),
+        "model": cfg.model.name,
+        "model_params": model.count_params(),
+        "optimizer": cfg.optimizer,
+        "learning_rate": t.learning_rate,
+        "epochs": t.epochs,
+        "global_batch_size": t.batch_size,
         "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
+        "steps_per_execution": per_call,
+        "precision_policy": policy,
+        "jit_compile": t.jit_compile,
+        "data": cfg.data.name,
+        "data_source": cfg.data.source,
+        "train_examples": len(y_train),
+        "test_examples": len(y_test),
+        "train_seconds": sum(epoch_seconds),
+        "epoch_seconds": epoch_seconds,
+        "examples_per_sec": throughput(steps * t.batch_size, epoch_seconds),
+        "steps_per_sec": throughput(steps, epoch_seconds),
+        "global_steps": global_steps,
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
-        "final_train_loss": float(history.history["loss"][-1]),
-        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
-    })
+        "final_train_loss": history["loss"][-1],
+        "history": history,
+        "seed": t.seed,
+        "tensorflow_version": tf.__version__,
+    }
+    if asynchronous:
+        results["worker_steps"] = {str(i): n for i, n in enumerate(runner.worker_steps)}
     return results, model
+
+
+def make_train_steps(strategy, model, optimizer, jit_compile: bool):
+    """A tf.function that runs `steps` training steps on this worker's replicas and returns this
+    worker's [sum of losses, correct predictions, examples]. The sums stay local: Keras metrics would
+    be synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+
+    @tf.function(jit_compile=jit_compile)
+    def gradients(images, labels):
+        """Forward and backward pass; XLA compiles this part only, never the cross-worker all-reduce."""
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            losses = loss_fn(labels, logits)
+            loss = tf.nn.compute_average_loss(losses)  # over the global batch: replica gradients sum to the mean
+            if scaled:
+                loss = optimizer.get_scaled_loss(loss)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+        stats = tf.stack([tf.reduce_sum(losses), tf.reduce_sum(hits(labels, logits)),
+                          tf.cast(tf.size(labels), tf.float32)])
+        return grads, stats
+
+    def step(images, labels):
+        grads, stats = gradients(images, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces across replicas
+        return stats
+
+    @tf.function
+    def train_steps(iterator, steps):
+        totals = tf.zeros([3])
+        for _ in tf.range(steps):
+            per_replica = strategy.run(step, args=next(iterator))
+            totals += tf.add_n(strategy.experimental_local_results(per_replica))
+        return totals
+
+    return train_steps
+
+
+class SyncEpochs:
+    """Synchronous strategies: every worker process makes each call itself. Gradients are all-reduced
+    inside every step; the loss and accuracy sums once per epoch."""
+
+    def __init__(self, strategy, train_steps, dataset, progress: bool):
+        self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
+        self.progress = progress
+
+    def run(self, calls: list, header: str) -> list:
+        """Returns [loss sum, correct, examples] over every worker."""
+        bar = None
+        if self.progress:
+            print(header, flush=True)
+            bar = keras.utils.Progbar(sum(calls), stateful_metrics=["loss", "accuracy"])
+        totals, done = tf.zeros([3]), 0
+        for steps in calls:
+            totals += self.train_steps(self.iterator, tf.constant(steps))
+            done += steps
+            if bar and done < bar.target:  # this worker's running values; the epoch's last update shows the whole cluster's
+                bar.update(done, [("loss", totals[0] / totals[2]), ("accuracy", totals[1] / totals[2])],
+                           finalize=False)
+        totals = across_workers(self.strategy, totals).numpy().tolist()
+        if bar:
+            bar.update(done, [("loss", totals[0] / totals[2]), ("accuracy", totals[1] / totals[2])], finalize=True)
+        return totals
+
+    def describe(self, calls: list) -> str:
+        return f"{sum(calls)} steps"
+
+
+def across_workers(strategy, local):
+    """The sum of every worker's `local` (one all-reduce); a single process already holds it all."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return local
+    share = local / len(strategy.extended.worker_devices)  # each of this worker's replicas holds a share
+    return strategy.reduce("SUM", strategy.experimental_distribute_values_from_function(lambda _: share),
+                           axis=None)
+
+
+class AsyncEpochs:
+    """Parameter servers: this process is the coordinator. It schedules the calls on whichever worker
+    is free and waits for them all, counting each worker's steps. A worker that dies loses nothing:
+    its calls run again on the others."""
+    progress = False
+
+    def __init__(self, strategy, train_steps, dataset_fn, optimizer, workers: int):
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        self.optimizer = optimizer
+        self.worker_steps = [0] * workers
+        print(f"coordinator up: {workers} worker(s)", flush=True)
+
+        @tf.function
+        def scheduled(iterator, steps):
+            return tf.distribute.coordinator.experimental_get_current_worker_index(), train_steps(iterator, steps)
+        self.scheduled = scheduled
+
+    def run(self, calls: list, header: str) -> list:
+        remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
+                  for steps in calls]
+        self.coordinator.join()
+        totals = np.zeros(3)
+        for steps, value in remote:
+            worker, worker_totals = value.fetch()
+            self.worker_steps[int(worker)] += steps
+            totals += worker_totals
+        return totals.tolist()
+
+    def describe(self, calls: list) -> str:
+        per_worker = ", ".join(f"worker {i}: {n}" for i, n in enumerate(self.worker_steps))
+        return f"global step {int(self.optimizer.iterations.numpy())} ({per_worker})"
 
 
 def distributed_train_dataset(strategy, images, labels, cfg):
@@ -113,137 +274,18 @@ def distributed_train_dataset(strategy, images, labels, cfg):
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def base_results(cfg, strategy, model, policy, train_examples, test_examples, epoch_examples,
-                 epoch_seconds) -> dict:
-    """The results every strategy reports; epoch_examples: examples trained on per epoch."""
+def per_worker_dataset(strategy, images, labels, cfg):
+    """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated."""
     t = cfg.trainer
-    return {
-        "strategy": cfg.strategy.name,
-        "num_replicas": strategy.num_replicas_in_sync,
-        "devices": replica_devices(strategy),
-        "model": cfg.model.name,
-        "model_params": model.count_params(),
-        "optimizer": cfg.optimizer,
-        "learning_rate": t.learning_rate,
-        "epochs": t.epochs,
-        "global_batch_size": t.batch_size,
-        "steps_per_execution": t.steps_per_execution,
-        "precision_policy": policy,
-        "jit_compile": t.jit_compile,
-        "data": cfg.data.name,
-        "data_source": cfg.data.source,
-        "train_examples": train_examples,
-        "test_examples": test_examples,
-        "train_seconds": sum(epoch_seconds),
-        "epoch_seconds": epoch_seconds,
-        "examples_per_sec": throughput(epoch_examples, epoch_seconds),
-        "seed": t.seed,
-        "tensorflow_version": tf.__version__,
-    }
+    workers, _ = cluster_size(strategy)
 
-
-def train_async(cfg, run_dir: Path, strategy):
-    """Asynchronous SGD: this process is the coordinator (chief); variables live on the ps tasks and
-    the coordinator schedules functions of `steps_per_schedule` steps on whichever worker is free.
-    A worker that dies loses nothing: its scheduled functions run again on the others."""
-    t = cfg.trainer
-    policy = set_precision(t.mixed_precision)
-    keras.utils.set_random_seed(t.seed)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    workers, ps = cluster_size(strategy)
-    print(f"coordinator up: {workers} worker(s), {ps} ps task(s)", flush=True)
-
-    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
-    # An epoch is one pass over the data, ending at a join(): with too few scheduled functions per
-    # epoch, workers idle while the last ones finish. Keep at least 4 per worker.
-    steps_per_epoch = max(1, len(y_train) // t.batch_size)
-    per_schedule = max(1, min(cfg.strategy.steps_per_schedule, steps_per_epoch // (4 * workers)))
-    schedules = max(1, steps_per_epoch // per_schedule)
-    print(f"coordinator: {schedules} functions of {per_schedule} steps per epoch", flush=True)
-
-    with strategy.scope():
-        model = build_model(cfg.model)
-        optimizer = make_optimizer(cfg.optimizer, t.learning_rate)
-        optimizer.build(model.trainable_variables)
-    print(placement_table(model.variables + optimizer.variables, ps), flush=True)
-
-    def dataset_fn(input_context):
-        # Each worker reads its own shard of the training set, shuffled and repeated.
+    def dataset_fn(context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return data_lib.make_dataset(x_train, y_train, input_context.get_per_replica_batch_size(t.batch_size),
+        return data_lib.make_dataset(images, labels, context.get_per_replica_batch_size(t.batch_size),
                                      seed=t.seed, shuffle_buffer=cfg.data.shuffle_buffer, repeat=True,
                                      shard=(workers, worker))
 
-    iterator = iter(coordinator.create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(dataset_fn)))
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-    @tf.function
-    def train_steps(iterator):
-        """`per_schedule` steps on one worker. Loss and accuracy are summed here and returned, not kept
-        in metric variables: those would live on the ps tasks and cost remote updates every step."""
-        def step(images, labels):
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                loss = tf.nn.compute_average_loss(loss_fn(labels, logits))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss, tf.reduce_sum(hits(labels, logits)), tf.cast(tf.size(labels), tf.float32)
-
-        totals = tf.zeros([3])
-        for _ in tf.range(per_schedule):
-            per_replica = strategy.run(step, args=next(iterator))
-            totals += tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica])
-        return tf.distribute.coordinator.experimental_get_current_worker_index(), totals
-
-    manager = checkpoint_manager(model, optimizer, checkpoint_dir(cfg, run_dir)) if t.save_model else None
-    epoch_seconds, history = [], {"loss": [], "accuracy": []}
-    worker_steps = {i: 0 for i in range(workers)}
-    for epoch in range(t.epochs):
-        start = time.perf_counter()
-        done = [coordinator.schedule(train_steps, args=(iterator,)) for _ in range(schedules)]
-        coordinator.join()
-        epoch_seconds.append(time.perf_counter() - start)
-        loss_sum, correct, examples = 0.0, 0.0, 0.0
-        for remote in done:
-            worker, (step_losses, step_correct, step_examples) = remote.fetch()
-            worker_steps[int(worker)] += per_schedule
-            loss_sum, correct, examples = loss_sum + step_losses, correct + step_correct, examples + step_examples
-        history["loss"].append(float(loss_sum) / (schedules * per_schedule))  # mean over the epoch's steps
-        history["accuracy"].append(float(correct) / float(examples))
-        per_worker = ", ".join(f"worker {i}: {n}" for i, n in worker_steps.items())
-        print(f"Epoch {epoch + 1}/{t.epochs} - global step {int(optimizer.iterations.numpy())} "
-              f"({per_worker}) - loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f} "
-              f"- {epoch_seconds[-1]:.1f}s", flush=True)
-        if manager:
-            manager.save(checkpoint_number=epoch + 1)
-
-    # Inline evaluation: a local copy of the trained weights, on the coordinator.
-    evaluated = build_model(cfg.model)
-    evaluated.set_weights(model.get_weights())
-    compile_model(evaluated, make_optimizer(cfg.optimizer, t.learning_rate), t)
-    test_loss, test_accuracy = evaluated.evaluate(
-        data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed), verbose=0)
-    if t.save_model:
-        evaluated.save(str(run_dir / "saved_model"))
-
-    results = base_results(cfg, strategy, model, policy, len(y_train), len(y_test),
-                           schedules * per_schedule * t.batch_size, epoch_seconds)
-    results.update({
-        "num_replicas": workers * strategy.num_replicas_in_sync,
-        "num_workers": workers,
-        "num_ps": ps,
-        "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
-        "steps_per_schedule": per_schedule,
-        "global_steps": int(optimizer.iterations.numpy()),
-        "worker_steps": {str(i): n for i, n in worker_steps.items()},
-        "steps_per_sec": throughput(schedules * per_schedule, epoch_seconds),
-        "test_accuracy": float(test_accuracy),
-        "test_loss": float(test_loss),
-        "final_train_loss": history["loss"][-1],
-        "history": history,
-    })
-    return results, evaluated
+    return lambda: strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def placement_table(variables, num_ps: int) -> str:
@@ -266,17 +308,6 @@ def checkpoint_dir(cfg, run_dir: Path, chief: bool = True) -> Path:
 def checkpoint_manager(model, optimizer, directory: Path) -> tf.train.CheckpointManager:
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=3)
-
-
-class EpochCheckpoint(keras.callbacks.Callback):
-    """Saves ckpt-<epoch> after every epoch: for a sidecar evaluator now, for resuming later."""
-
-    def __init__(self, manager):
-        super().__init__()
-        self.manager = manager
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.manager.save(checkpoint_number=epoch + 1)
 
 
 def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
