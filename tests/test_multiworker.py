@@ -75,7 +75,8 @@ def test_multi_worker_mirrored_two_workers_learn(tmp_path):
     assert "[worker-0] Test accuracy" in out.stdout and "[worker-1] Test accuracy" not in out.stdout
     tasks = json.loads((run_dir / "cluster.json").read_text())["tasks"]
     assert [(t["name"], t["state"]) for t in tasks] == [("worker-0", "exited 0"), ("worker-1", "exited 0")]
-    assert (run_dir / "logs" / "worker-1.log").read_text().count("Epoch 1/1 - 62 steps - ") == 1  # 8000 // 128 whole batches
+    worker_log = (run_dir / "logs" / "worker-1.log").read_text()
+    assert worker_log.count("Epoch 1/1 - 62 steps - ") == 1  # 8000 // 128 whole batches
     assert_nothing_left(run_dir)
 
 

@@ -81,8 +81,10 @@ def train(cfg, run_dir: Path, strategy=None):
     writer = tf.summary.create_file_writer(str(out_dir / "tensorboard" / "train")) if t.tensorboard else None
     epoch_seconds, history = [], {"loss": [], "accuracy": []}
     for epoch in range(t.epochs):
+        if runner.progress:
+            print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
         start = time.perf_counter()
-        loss_sum, correct, examples = runner.run(calls, header=f"Epoch {epoch + 1}/{t.epochs}")
+        loss_sum, correct, examples = runner.run(calls)
         epoch_seconds.append(time.perf_counter() - start)
         history["loss"].append(loss_sum / examples)
         history["accuracy"].append(correct / examples)
@@ -193,26 +195,26 @@ class SyncEpochs:
         self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
         self.progress = progress
 
-    def run(self, calls: list, header: str) -> list:
+    def run(self, calls: list) -> list:
         """Returns [loss sum, correct, examples] over every worker."""
-        bar = None
-        if self.progress:
-            print(header, flush=True)
-            bar = keras.utils.Progbar(sum(calls), stateful_metrics=["loss", "accuracy"])
+        bar = keras.utils.Progbar(sum(calls), stateful_metrics=["loss", "accuracy"]) if self.progress else None
         totals, done = tf.zeros([3]), 0
         for steps in calls:
             totals += self.train_steps(self.iterator, tf.constant(steps))
             done += steps
-            if bar and done < bar.target:  # this worker's running values; the epoch's last update shows the whole cluster's
-                bar.update(done, [("loss", totals[0] / totals[2]), ("accuracy", totals[1] / totals[2])],
-                           finalize=False)
+            if bar and done < bar.target:  # this worker's running values; the last update, the cluster's
+                bar.update(done, bar_values(totals), finalize=False)
         totals = across_workers(self.strategy, totals).numpy().tolist()
         if bar:
-            bar.update(done, [("loss", totals[0] / totals[2]), ("accuracy", totals[1] / totals[2])], finalize=True)
+            bar.update(done, bar_values(totals), finalize=True)
         return totals
 
     def describe(self, calls: list) -> str:
         return f"{sum(calls)} steps"
+
+
+def bar_values(totals) -> list:
+    return [("loss", totals[0] / totals[2]), ("accuracy", totals[1] / totals[2])]
 
 
 def across_workers(strategy, local):
@@ -242,7 +244,7 @@ class AsyncEpochs:
             return tf.distribute.coordinator.experimental_get_current_worker_index(), train_steps(iterator, steps)
         self.scheduled = scheduled
 
-    def run(self, calls: list, header: str) -> list:
+    def run(self, calls: list) -> list:
         remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
                   for steps in calls]
         self.coordinator.join()
