@@ -12,7 +12,9 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import portpicker
 
@@ -156,6 +158,47 @@ def worker_cores(index: int, per_worker: int, cores: list | None = None) -> set:
     """The cores worker `index` is pinned to: its own `per_worker` of them, wrapping around if too few."""
     cores = sorted(cores or os.sched_getaffinity(0))
     return {cores[(index * per_worker + i) % len(cores)] for i in range(per_worker)}
+
+
+class CoreLocks:
+    """The cores a run's pinned workers may have to themselves: one lock file per core, so that runs
+    side by side (a sweep's parallel jobs) pin their workers to different cores. The operating system
+    drops the locks when the launcher exits, however it exits.
+
+    `cores` lists the cores taken (all of them, shared, when none is free); `shared` says why the
+    workers must share cores, or is empty."""
+
+    def __init__(self, wanted: int, cores=None, lock_dir: Path | None = None):
+        self.wanted, self.all = wanted, sorted(cores or os.sched_getaffinity(0))
+        self.lock_dir = lock_dir or Path(tempfile.gettempdir()) / "distrain-cores"
+        self.cores, self.shared, self._files = [], "", []
+
+    def __enter__(self):
+        if not self.wanted:
+            return self
+        self.lock_dir.mkdir(exist_ok=True)
+        for core in self.all:
+            if len(self.cores) == self.wanted:
+                break
+            f = open(self.lock_dir / f"cpu{core}.lock", "w")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another run's workers are pinned there
+                f.close()
+                continue
+            self._files.append(f)
+            self.cores.append(core)
+        if len(self.cores) < self.wanted:
+            free = len(self.cores)
+            self.cores = self.cores or self.all
+            self.shared = (f"{self.wanted} worker core(s) wanted, {free} of {len(self.all)} free of other runs' "
+                           f"pinned workers: the workers share cores {self.cores}")
+        return self
+
+    def __exit__(self, *exc):
+        for f in self._files:
+            f.close()  # closing drops the lock
+        self._files = []
 
 
 class PrivateNetwork:

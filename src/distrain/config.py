@@ -1,5 +1,5 @@
 """Checks on the composed config that need no TensorFlow, so bad input fails in a second."""
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage",
               "multi_worker_mirrored", "parameter_server")
@@ -7,6 +7,11 @@ MODELS = ("cnn", "mlp")
 DATA_SOURCES = ("auto", "bundled", "keras", "idx", "synthetic")
 OPTIMIZERS = ("adam", "sgd")
 CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+
+
+# ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
+# (trainer.batch_size: ${distrain.mul:128,${cluster.workers}}) for weak-scaling sweeps.
+OmegaConf.register_new_resolver("distrain.mul", lambda a, b: a * b, replace=True)
 
 
 class ConfigError(Exception):
@@ -56,6 +61,13 @@ def validate(cfg: DictConfig) -> None:
     if devices is not None and (isinstance(devices, str) or len(devices) == 0):
         raise ConfigError(f"strategy.devices={devices!r} must be a list of devices: "
                           "set e.g. 'strategy.devices=[/cpu:0,/cpu:1]'")
+    # A source that does not hold the named dataset would train on one thing and report another.
+    if cfg.data.source == "bundled" and cfg.data.name != "mnist":
+        raise ConfigError(f"data.source=bundled holds MNIST digits, not {cfg.data.name}: "
+                          f"set data=mnist, or another data.source for data={cfg.data.name}")
+    if (cfg.data.source == "synthetic") != (cfg.data.name == "synthetic"):
+        raise ConfigError(f"data.source={cfg.data.source} does not fit data={cfg.data.name}: "
+                          "set data=synthetic for synthetic data, else drop the data.source override")
     if cfg.data.source == "idx" and not cfg.data.path:
         raise ConfigError("data.source=idx needs data.path: set data.path=/dir/with/idx-files")
     if cfg.data.source == "synthetic":

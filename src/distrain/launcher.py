@@ -4,7 +4,6 @@ exit status, and ends every one of them on success, failure, Ctrl-C or SIGTERM.
 The launcher never imports TensorFlow: logical devices and started servers cannot be undone inside
 a process, so each run (and, on a cluster, each task) gets a fresh one.
 """
-import ctypes
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from . import cluster as cluster_lib
 from . import data, report
 from .cluster import READY
 from .config import CLUSTER_STRATEGIES, ConfigError, validate
+from .process import die_with_parent
 
 log = logging.getLogger("distrain")
 
@@ -38,10 +38,35 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
-def die_with_parent():
-    """Linux: this process gets SIGKILL when the process that started it dies, however it dies."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# TensorFlow's start-up lines that no setting hides any more: kept in the task logs, not shown on the terminal.
+STARTUP_NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom operations are on",
+                 b"Could not find cuda drivers", b"failed call to cuInit", b"Unable to register cu",
+                 b"computation placer already registered", b"TF-TRT Warning",
+                 b"This TensorFlow binary is optimized", b"To enable the following instructions",
+                 b"GeneratorDatasetOp::Dataset will not be optimized")
+
+
+def is_noise(line: bytes) -> bool:
+    return any(pattern in line for pattern in STARTUP_NOISE)
+
+
+@dataclass
+class Job:
+    """Where a run stands in a sweep: its number, and the values swept for it (e.g. "cluster.workers=2")."""
+    num: int
+    swept: str = ""
+
+    def __str__(self) -> str:
+        return f"#{self.num}" + (f" ({self.swept})" if self.swept else "")
+
+
+@dataclass
+class Outcome:
+    """How a run ended: exit status, ok/failed/interrupted, and for a failure what went wrong."""
+    code: int
+    status: str = "ok"
+    error: str = ""
+    log_tail: list = field(default_factory=list)
 
 
 @dataclass
@@ -61,7 +86,7 @@ class Task:
     proc: subprocess.Popen = None
     ready: bool = False
 
-    def start(self, run_dir: Path, prefix: bool) -> None:
+    def start(self, run_dir: Path, prefix: str | None) -> None:
         self.log_path = run_dir / "logs" / f"{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
@@ -69,8 +94,7 @@ class Task:
             self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # our signal handling decides when it stops, not the terminal's
             preexec_fn=self._in_child)
-        self._pump = threading.Thread(target=self._copy_output, args=(f"[{self.name}] " if prefix else None,),
-                                      daemon=True)
+        self._pump = threading.Thread(target=self._copy_output, args=(prefix,), daemon=True)
         self._pump.start()
 
     def _in_child(self) -> None:  # between fork and exec
@@ -79,26 +103,28 @@ class Task:
             os.sched_setaffinity(0, self.cores)
 
     def _copy_output(self, prefix) -> None:
-        """Copy the output to our stdout (raw, or line by line with a prefix) and to the task's log.
-
-        The log keeps only the last state of lines redrawn with carriage returns (progress bars).
-        """
-        out, pending = sys.stdout.buffer, b""
+        """Copy the output to our stdout and to the task's log, line by line with `prefix` when one is
+        given, else as it comes (progress bars redraw in place). TensorFlow's start-up noise goes to
+        the log only. The log keeps only the last state of lines redrawn with carriage returns."""
+        out, pending, shown = sys.stdout.buffer, b"", 0  # shown: bytes of `pending` already on the terminal
         with open(self.log_path, "wb") as logfile:
             for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
-                if prefix is None:
-                    out.write(chunk)
-                    out.flush()
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
-                    line = line.rstrip(b"\r").rsplit(b"\r", 1)[-1].replace(b"\b", b"") + b"\n"
-                    self.ready = self.ready or READY.encode() in line
-                    logfile.write(line)
+                    last = line.rstrip(b"\r").rsplit(b"\r", 1)[-1].replace(b"\b", b"") + b"\n"
+                    self.ready = self.ready or READY.encode() in last
+                    logfile.write(last)
                     if prefix is not None:
-                        out.write(prefix.encode() + line)
+                        if not is_noise(last):
+                            out.write(prefix.encode() + last)
+                    elif shown or not is_noise(line):
+                        out.write(line[shown:] + b"\n")
+                    shown = 0
+                if prefix is None and (b"\r" in pending or b"\b" in pending):  # a progress bar: show it now
+                    out.write(pending[shown:])
+                    shown = len(pending)
                 logfile.flush()
-                if prefix is not None:
-                    out.flush()
+                out.flush()
             if pending:
                 logfile.write(pending.rsplit(b"\r", 1)[-1] + b"\n")
 
@@ -109,10 +135,9 @@ class Task:
             except ProcessLookupError:
                 pass
 
-    def log_tail(self, lines=15) -> str:
+    def log_tail(self, lines=15) -> list:
         self._pump.join(timeout=2)
-        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return "\n".join(f"    {line}" for line in text) or "    (no output)"
+        return self.log_path.read_text(errors="replace").splitlines()[-lines:]
 
     def describe(self) -> dict:
         code = self.proc.poll() if self.proc else None
@@ -124,32 +149,40 @@ class Task:
                 "state": state, "log": str(self.log_path)}
 
 
-def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None) -> int:
-    """Start the tasks and supervise them until the run is over; returns its exit status.
+def indented(lines: list) -> str:
+    return "\n".join(f"    {line}" for line in lines) or "    (no output)"
 
-    Over when every main task has exited (status 0), an essential task fails (its status), tasks
-    are not all up within startup_timeout seconds (1), or we are interrupted (128 + signal).
-    Whatever happens, no task outlives this call.
+
+def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, job: Job | None = None) -> Outcome:
+    """Start the tasks and supervise them until the run is over.
+
+    Over when every main task has exited (ok), an essential task fails (its status), tasks are not
+    all up within startup_timeout seconds (1), or we are interrupted (128 + signal). `on_change(status)`
+    hears of every change of state ("running", then how the run ended). Whatever happens, no task
+    outlives this call.
     """
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = time.monotonic() + (startup_timeout or 0)
-    seen = set()
+    seen, outcome = set(), Outcome(1, "failed")
     try:
         for task in tasks:
-            task.start(run_dir, prefix=len(tasks) > 1)
-        on_change and on_change()
+            names = [str(f"#{job.num}")] * bool(job) + [task.name] * (len(tasks) > 1)
+            task.start(run_dir, prefix=f"[{' '.join(names)}] " if names else None)
+        on_change and on_change("running")
         while True:
             for task in tasks:
                 code = task.proc.poll()
                 if code is None or task.name in seen:
                     continue
                 seen.add(task.name)
-                on_change and on_change()
+                on_change and on_change("running")
                 if code and task.essential:
+                    outcome = Outcome(code, "failed", f"task {task.name} exited with status {code}",
+                                      task.log_tail())
                     if len(tasks) > 1:  # its lines were mixed with the others': recap them
-                        print(f"error: task {task.name} exited with status {code}; the end of its log "
-                              f"({task.log_path}):\n{task.log_tail()}", file=sys.stderr, flush=True)
-                    return code
+                        print(f"error: {outcome.error}; the end of its log ({task.log_path}):\n"
+                              f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
+                    return outcome
                 if code:
                     log.warning("task %s exited with status %d: training carries on with the other workers",
                                 task.name, code)
@@ -157,43 +190,55 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None) 
                 for task in tasks:
                     if task.proc.poll() is not None:  # (servers still running are stopped below)
                         task._pump.join(timeout=5)  # their last lines reach the terminal and the logs
-                return 0
+                outcome = Outcome(0)
+                return outcome
             starting = [t for t in tasks if not t.ready and t.proc.poll() is None]
             if startup_timeout and starting and time.monotonic() > deadline:
                 late = starting[0]
-                print(f"error: task {late.name} did not come up within {startup_timeout} s "
-                      f"(cluster.startup_timeout); the end of its log ({late.log_path}):\n{late.log_tail()}",
-                      file=sys.stderr, flush=True)
-                return 1
+                outcome = Outcome(1, "failed", f"task {late.name} did not come up within {startup_timeout} s "
+                                  "(cluster.startup_timeout)", late.log_tail())
+                print(f"error: {outcome.error}; the end of its log ({late.log_path}):\n"
+                      f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
+                return outcome
             if not starting:
                 startup_timeout = None
             time.sleep(0.1)
     except Interrupted as exc:
         log.error("interrupted by %s: stopping %d task(s)", exc, len(tasks))
-        return exc.exit_code
+        outcome = Outcome(exc.exit_code, "interrupted", f"interrupted by {exc}")
+        return outcome
     finally:
+        for s in previous:  # stopping is bounded (STOP_GRACE_SECONDS): a second Ctrl-C must not cut it short
+            signal.signal(s, signal.SIG_IGN)
+        # Recorded before the tasks are stopped, in case whoever interrupted us kills us next.
+        report.write_status(run_dir, outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
+        on_change and on_change(outcome.status)
         stop_all(tasks)
-        on_change and on_change()
+        on_change and on_change(outcome.status)
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
 def stop_all(tasks: list) -> None:
-    """SIGTERM every task still running, then SIGKILL what has not ended within the grace period."""
+    """SIGTERM every task still running, then SIGKILL what has not ended within one grace period."""
     for task in tasks:
         task.stop()
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
     for task in tasks:
         if task.proc is None:
             continue
         try:
-            task.proc.wait(timeout=STOP_GRACE_SECONDS)
+            task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             task.stop(signal.SIGKILL)
             task.proc.wait()
 
 
-def launch(cfg, run_dir: Path) -> int:
-    """Check the config, settle the data source, record the config, run the task(s). Exit status."""
+def launch(cfg, run_dir: Path, job: Job | None = None) -> int:
+    """Check the config, settle the data source, record the config, run the task(s). Exit status.
+
+    `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
+    config goes to launcher.log only."""
     try:
         validate(cfg)
         source, why = data.resolve_source(cfg.data)
@@ -203,39 +248,47 @@ def launch(cfg, run_dir: Path) -> int:
                           if cfg.cluster.name == "tf_config" else cluster_lib.from_manual(cfg.cluster, cfg.strategy.name))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        report.write_status(run_dir, "failed", 2, f"error: {exc}", job=job)
+        return _finish(Outcome(2, "failed", f"error: {exc}"), run_dir, job)
     log.info("data: %s from source %s (%s)", cfg.data.name, source, why)
     config_path = run_dir / "config.yaml"
     OmegaConf.save(cfg, config_path, resolve=True)
-    log.info("config (also in %s):\n%s", config_path, OmegaConf.to_yaml(cfg, resolve=True))
+    (logging.getLogger("distrain.config") if job else log).info(
+        "config (also in %s):\n%s", config_path, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(config_path)]
 
     if cfg.strategy.name not in CLUSTER_STRATEGIES:
-        return _finish(run_tasks([Task("train", argv)], run_dir), run_dir)
+        return _finish(run_tasks([Task("train", argv)], run_dir, job=job), run_dir, job)
     if cfg.cluster.name == "local":
-        return _finish(run_local_cluster(cfg, run_dir, argv), run_dir)
+        return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job)
     # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
     log.info("this process is task %s:%d of %s", task.type, task.index, spec)
-    return _finish(run_tasks([Task(task.name, argv, cluster_lib.task_env(spec, task), spec=task)], run_dir),
-                   run_dir)
+    return _finish(run_tasks([Task(task.name, argv, cluster_lib.task_env(spec, task), spec=task)], run_dir,
+                             job=job), run_dir, job)
 
 
-def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
+def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) -> Outcome:
     """Every task of the cluster as a process on this machine, inside a private network if possible."""
     c, strategy = cfg.cluster, cfg.strategy.name
     spec = cluster_lib.local_spec(strategy, c.workers, c.ps)
     # The evaluator is known to itself but not to the training tasks: strategies need not wait for it.
     evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}") \
         if c.evaluator else None
-    with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net:
+    per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
+    with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
+            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
         if not net.available:
             if c.isolate is True:
-                print(f"error: cluster.isolate=true but no private network is possible here ({net.reason}): "
-                      "set cluster.isolate=auto to run without one", file=sys.stderr, flush=True)
-                return 2
+                error = (f"error: cluster.isolate=true but no private network is possible here ({net.reason}): "
+                         "set cluster.isolate=auto to run without one")
+                print(error, file=sys.stderr, flush=True)
+                report.write_status(run_dir, "failed", 2, error, job=job)
+                return Outcome(2, "failed", error)
             log.warning("the cluster's servers are NOT isolated (%s): TensorFlow listens on every interface, "
                         "so anyone who can reach this machine can reach them; use a trusted network",
                         net.reason)
+        if cores.shared:
+            log.warning("cluster.pin_workers: %s", cores.shared)
         tasks = []
         for task_type, addresses in spec.items():
             for index, address in enumerate(addresses):
@@ -244,11 +297,11 @@ def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
                 env = {**cluster_lib.task_env(spec, task),
                        **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
                 serves = strategy == "parameter_server" and task_type != "chief"
-                cores = None
+                pinned = None
                 if c.pin_workers and task_type == "worker":
-                    cores = cluster_lib.worker_cores(index, int(env["TF_NUM_INTRAOP_THREADS"]))
+                    pinned = cluster_lib.worker_cores(index, per_worker, cores.cores)
                 tasks.append(Task(task.name, net.wrap(argv), env, main=not serves,
-                                  essential=not (serves and task_type == "worker"), spec=task, cores=cores))
+                                  essential=not (serves and task_type == "worker"), spec=task, cores=pinned))
         if evaluator:
             env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
                    **cluster_lib.thread_caps("evaluator", c.workers)}
@@ -256,15 +309,29 @@ def run_local_cluster(cfg, run_dir: Path, argv: list) -> int:
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
         log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
 
-        def write_cluster_json():
-            state = {"strategy": strategy, "network": network, "cluster": spec,
+        def write_cluster_json(status: str):
+            state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
                      "tasks": [t.describe() for t in tasks if t.proc]}
             report.write_json(run_dir / "cluster.json", state)
 
-        return run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json)
+        return run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json, job=job)
 
 
-def _finish(code: int, run_dir: Path) -> int:
-    if code:
-        log.error("the run failed with exit status %d; logs in %s", code, run_dir / "logs")
-    return code
+def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:
+    """Draw a finished run's curves.png, and say in one line how the run ended (status.json has it)."""
+    results = report.read_results(run_dir) if outcome.status == "ok" else None
+    if results:
+        try:
+            from . import plots  # matplotlib: only once there is something to draw
+            plots.curves(results, run_dir / "curves.png")
+        except Exception as exc:  # noqa: BLE001 - a plot that fails must not fail a finished run
+            log.warning("curves.png not drawn: %s", exc)
+    if job:
+        if outcome.status == "ok":
+            log.info("job %s: ok%s", job, f" - {report.short_line(results)}" if results else "")
+        else:
+            log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
+                      f" - {outcome.error}" if outcome.error else "")
+    elif outcome.code:
+        log.error("the run failed with exit status %d; logs in %s", outcome.code, run_dir / "logs")
+    return outcome.code

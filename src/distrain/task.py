@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import report
 from .config import CLUSTER_STRATEGIES, ConfigError
-from .launcher import die_with_parent
+from .process import die_with_parent
 
 
 def main(argv=None) -> int:

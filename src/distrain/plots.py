@@ -1,0 +1,98 @@
+"""Pictures of a run (curves.png) and of a sweep (scaling.png), drawn with matplotlib off-screen."""
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)  # a reader never sees half a picture
+    return path
+
+
+def curves(results: dict, path: Path) -> Path:
+    """Training loss and accuracy per epoch, with the test accuracy for reference."""
+    history = results["history"]
+    epochs = range(1, len(history["loss"]) + 1)
+    fig, (loss, accuracy) = plt.subplots(1, 2, figsize=(10, 4))
+    loss.plot(epochs, history["loss"], marker="o")
+    loss.set(title="training loss", xlabel="epoch", ylabel="loss")
+    accuracy.plot(epochs, history["accuracy"], marker="o", label="training")
+    accuracy.axhline(results["test_accuracy"], color="tab:green", linestyle="--",
+                     label=f"test: {results['test_accuracy']:.2%}")
+    accuracy.set(title="accuracy", xlabel="epoch", ylabel="accuracy")
+    accuracy.legend()
+    for ax in (loss, accuracy):
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    fig.suptitle(f"{results['strategy']}, {results['model']} on {results['data']}: "
+                 f"{results['num_replicas']} replica(s), global batch {results['global_batch_size']}")
+    return _save(fig, path)
+
+
+def scaling(rows: list, path: Path, note: str = "") -> Path:
+    """Throughput against replicas with the ideal linear line, and efficiency; a line per strategy."""
+    fig, (speed, efficiency) = plt.subplots(1, 2, figsize=(11, 4.5))
+    by_strategy = defaultdict(list)
+    for row in rows:
+        by_strategy[row["strategy"]].append(row)
+    for strategy, points in by_strategy.items():
+        points.sort(key=lambda r: r["replicas"])
+        x = [r["replicas"] for r in points]
+        line, = speed.plot(x, [r["examples_per_sec"] for r in points], marker="o", label=strategy)
+        base = min(points, key=lambda r: r["replicas"])
+        speed.plot(x, [base["examples_per_sec"] * n / base["replicas"] for n in x], linestyle=":",
+                   color=line.get_color(), label=f"{strategy}, ideal (linear)")
+        efficiency.plot(x, [r["efficiency"] for r in points], marker="o", color=line.get_color(), label=strategy)
+    speed.set(title="throughput", xlabel="replicas (workers)", ylabel="examples/s")
+    efficiency.axhline(1.0, color="grey", linestyle=":")
+    efficiency.set(title="scaling efficiency (speed-up / replica ratio)", xlabel="replicas (workers)",
+                   ylabel="efficiency", ylim=(0, max(1.1, *(r["efficiency"] for r in rows)) * 1.05))
+    for ax in (speed, efficiency):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        ax.set_xticks(sorted({r["replicas"] for r in rows}))
+    if note:
+        fig.suptitle(note, fontsize="medium")
+    return _save(fig, path)
+
+
+def by_value(rows: list, key: str, path: Path, series_keys=()) -> Path:
+    """Test accuracy and throughput against one swept value, a line per combination of the others."""
+    fig, (accuracy, speed) = plt.subplots(1, 2, figsize=(11, 4.5))
+    groups = defaultdict(list)
+    for row in rows:
+        groups[", ".join(f"{k}={row[k]}" for k in series_keys)].append(row)
+    numeric = all(_number(r[key]) is not None for r in rows)
+    labels = sorted({str(r[key]) for r in rows}, key=lambda v: (_number(v) is None, _number(v) or 0, v))
+    for name, points in groups.items():
+        points.sort(key=lambda r: _number(r[key]) if numeric else labels.index(str(r[key])))
+        x = [_number(r[key]) if numeric else labels.index(str(r[key])) for r in points]
+        accuracy.plot(x, [r["test_accuracy"] for r in points], marker="o", label=name or None)
+        speed.plot(x, [r["examples_per_sec"] for r in points], marker="o", label=name or None)
+    for ax, title, ylabel in ((accuracy, "test accuracy", "accuracy"), (speed, "throughput", "examples/s")):
+        ax.set(title=title, xlabel=key, ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if not numeric:
+            ax.set_xticks(range(len(labels)), labels, rotation=20)
+        elif min(x for x in map(_number, labels)) > 0 and \
+                max(map(_number, labels)) / min(map(_number, labels)) >= 10:
+            ax.set_xscale("log")  # learning rates and the like
+        if groups.keys() != {""}:
+            ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

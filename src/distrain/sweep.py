@@ -1,0 +1,231 @@
+"""What a sweep answers: one row per job in summary.csv and summary.md (and on the terminal), and a
+scaling plot, built after any Hydra launcher by a callback, or again by `distrain summarize DIR`.
+
+A job's row comes from its run directory: Hydra's `.hydra/overrides.yaml` (what it was asked to run),
+status.json (how it ended) and results.json (what it measured). No TensorFlow here.
+"""
+import csv
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+
+from . import report
+
+MEASURES = [  # summary column <- results.json key
+    ("strategy", "strategy"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
+    ("global_batch", "global_batch_size"), ("per_replica_batch", "per_replica_batch_size"),
+    ("examples_per_sec", "examples_per_sec"), ("steps_per_sec", "steps_per_sec"),
+    ("speedup", None), ("efficiency", None),
+    ("test_accuracy", "test_accuracy"), ("test_loss", "test_loss"), ("train_seconds", "train_seconds"),
+]
+FORMATS = {"examples_per_sec": "{:,.0f}", "steps_per_sec": "{:.1f}", "speedup": "{:.2f}", "efficiency": "{:.2f}",
+           "test_accuracy": "{:.4f}", "test_loss": "{:.4f}", "train_seconds": "{:.1f}"}
+
+
+class SweepSummary(Callback):
+    """Hydra callback (conf/config.yaml): when a multirun ends, summarise it; exit non-zero if a job failed."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        summary = summarize(Path(config.hydra.sweep.dir))
+        if summary is not None and summary.failed:
+            sys.exit(1)  # after the summary is written: the sweep as a whole did not succeed
+
+
+class Summary:
+    def __init__(self, sweep_dir: Path, rows: list, varying: list):
+        self.sweep_dir, self.rows, self.varying = sweep_dir, rows, varying
+        self.failed = [r for r in rows if r["status"] != "ok"]
+        self.notes = scaling_notes(rows)
+
+
+def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
+    """Write summary.csv, summary.md and scaling.png into sweep_dir and print the table."""
+    rows, varying = collect(sweep_dir)
+    if not rows:
+        print(f"error: no jobs found in {sweep_dir} (no run directory with .hydra/overrides.yaml or "
+              f"{report.STATUS}): give the directory a multirun made (multirun/DATE/TIME)", file=sys.stderr)
+        return None
+    summary = Summary(sweep_dir, rows, varying)
+    columns = ["job", *varying, "status", "exit_status", *(name for name, _ in MEASURES), "run_dir", "error"]
+    _write_csv(sweep_dir / "summary.csv", rows, columns)
+    # The tables leave out columns no job has a value in (the CSV keeps every column).
+    table = markdown(rows, [c for c in columns if any(r.get(c) not in ("", None) for r in rows)])
+    text = [f"# Sweep {sweep_dir}", "", *summary.notes, "", table]
+    optuna = _load_yaml(sweep_dir / "optimization_results.yaml")
+    if optuna:
+        text += ["", f"Optuna: best value {optuna.get('best_value')} with {optuna.get('best_params')} "
+                     "(optimization_results.yaml)"]
+    for row in summary.failed:
+        text += ["", f"## Job {row['job']}: {row['status']}" + (f" (exit status {row['exit_status']})"
+                                                               if row["exit_status"] not in ("", None) else ""),
+                 "", row["error"] or "(no error line)", "", "```", *row["log_tail"], "```"]
+    (sweep_dir / "summary.md").write_text("\n".join(text) + "\n")
+    picture = plot(summary, sweep_dir / "scaling.png")
+    print("\n".join([f"Sweep summary ({len(rows)} job(s), {len(summary.failed)} not ok): {sweep_dir}",
+                     *summary.notes, table]), file=out)
+    for row in summary.failed:
+        print(f"job {row['job']}: {row['status']}: {row['error'] or 'see ' + row['run_dir']}", file=out)
+    print(f"written: summary.csv, summary.md{', ' + picture.name if picture else ''}", file=out, flush=True)
+    return summary
+
+
+def collect(sweep_dir: Path) -> tuple[list, list]:
+    """(rows, varying override keys): a row per job directory, in job order."""
+    dirs = {p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml")}
+    dirs |= {p.parent for p in sweep_dir.glob(f"**/{report.STATUS}")}
+    rows = sorted((_job_row(d, sweep_dir) for d in dirs),
+                  key=lambda r: (r["job"] is None, r["job"] or 0, r["run_dir"]))
+    keys = list(dict.fromkeys(k for r in rows for k in r["overrides"]))
+    searched = {k for r in rows for k in r["searched"]}  # a preset's or Optuna's params, even if alike
+    varying = [k for k in keys if k in searched or len({r["overrides"].get(k) for r in rows}) > 1]
+    for row in rows:
+        row.update({k: row["overrides"].get(k, "") for k in varying})
+    add_speedups(rows)
+    return rows, varying
+
+
+def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
+    hydra_dir = job_dir / ".hydra"
+    overrides = _load_yaml(hydra_dir / "overrides.yaml") or []
+    hydra_cfg = (_load_yaml(hydra_dir / "hydra.yaml") or {}).get("hydra") or {}
+    num = (hydra_cfg.get("job") or {}).get("num")
+    if num is None:
+        num = int(job_dir.name) if job_dir.name.isdigit() else None
+    status = report.read_json(job_dir / report.STATUS) or {}
+    results = report.read_results(job_dir) or {}
+    row = {"job": num, "overrides": dict(_split(o) for o in overrides),
+           "searched": list((hydra_cfg.get("sweeper") or {}).get("params") or {}),
+           # no status.json: the job never finished (killed, interrupted, or still running)
+           "status": status.get("status") or ("ok" if results else "incomplete"),
+           "exit_status": status.get("exit_status", ""), "error": status.get("error", ""),
+           "log_tail": status.get("log_tail", []), "run_dir": str(job_dir.relative_to(sweep_dir))}
+    for name, key in MEASURES:
+        row[name] = results.get(key, "") if key else ""
+    return row
+
+
+def _split(override: str) -> tuple[str, str]:
+    """("cluster.workers", "2") from "cluster.workers=2"; Hydra's escapes undone ("/gpu\\:7" is /gpu:7)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides([override])[0]
+        value = parsed.value()
+        return parsed.key_or_group, value if isinstance(value, str) else parsed.get_value_element_as_str()
+    except Exception:  # noqa: BLE001 - a label only: fall back to the text as it is
+        key, _, value = override.partition("=")
+        return key.lstrip("+~"), value
+
+
+def _load_yaml(path: Path):
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def add_speedups(rows: list) -> None:
+    """Speed-up and efficiency against the sweep's smallest configuration of the same strategy, for
+    the strategies whose replicas the sweep varies (left blank for the others)."""
+    for runs in scaling_strategies(rows).values():
+        base = min(runs, key=lambda r: r["replicas"])  # the first job of the fewest replicas
+        for row in runs:
+            row["speedup"] = row["examples_per_sec"] / base["examples_per_sec"]
+            row["efficiency"] = row["speedup"] / (row["replicas"] / base["replicas"])
+
+
+def scaling_strategies(rows: list) -> dict:
+    """strategy -> its ok rows, for the strategies whose replicas vary across the sweep."""
+    by_strategy = defaultdict(list)
+    for row in rows:
+        if row["status"] == "ok" and row["examples_per_sec"]:
+            by_strategy[row["strategy"]].append(row)
+    return {s: r for s, r in by_strategy.items() if len({x["replicas"] for x in r}) > 1}
+
+
+def scaling_notes(rows: list) -> list:
+    """One line per scaling strategy: weak (per-replica batch fixed) or strong (global batch fixed)."""
+    notes = []
+    for strategy, runs in scaling_strategies(rows).items():
+        per_replica = {r["per_replica_batch"] for r in runs}
+        global_batch = {r["global_batch"] for r in runs}
+        replicas = "/".join(str(n) for n in sorted({r["replicas"] for r in runs}))
+        if len(per_replica) == 1:
+            kind = f"weak scaling (per-replica batch {per_replica.pop()} fixed, work grows with the replicas)"
+        elif len(global_batch) == 1:
+            kind = f"strong scaling (global batch {global_batch.pop()} fixed, split over the replicas)"
+        else:
+            kind = "neither weak nor strong scaling (batch sizes vary otherwise): compare with care"
+        notes.append(f"{strategy} over {replicas} replicas: {kind}")
+    return notes
+
+
+def plot(summary: Summary, path: Path) -> Path | None:
+    """scaling.png: throughput and efficiency against replicas where they vary, else test accuracy and
+    throughput against the (first) swept value."""
+    ok = [r for r in summary.rows if r["status"] == "ok" and r["test_accuracy"] != ""]
+    if not ok:
+        return None
+    from . import plots  # matplotlib: only once there is something to draw
+
+    scaling = scaling_strategies(ok)
+    if scaling:
+        return plots.scaling([r for runs in scaling.values() for r in runs], path, "; ".join(summary.notes))
+    swept = [k for k in summary.varying if len({r[k] for r in ok}) > 1] or ["job"]
+    return plots.by_value(ok, swept[0], path, series_keys=swept[1:])
+
+
+def markdown(rows: list, columns: list) -> str:
+    def cell(row, column):
+        value = row.get(column, "")
+        if value in ("", None):
+            return ""
+        return FORMATS[column].format(value) if column in FORMATS else str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _write_csv(path: Path, rows: list, columns: list) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*columns, "log_tail"], extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "log_tail": "\n".join(row["log_tail"])})
+    tmp.replace(path)
+
+
+def swept(hydra_config) -> str:
+    """This job's values of the keys its sweep varies, e.g. "cluster.workers=2" (all of its overrides
+    where that cannot be told): the sweeper's params, and the sweep overrides the basic sweeper saved."""
+    parser = OverridesParser.create()
+    keys = set((hydra_config.sweeper.get("params") or {}).keys())
+    sweep_dir = Path(hydra_config.sweep.dir)
+    master = ((_load_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra") or {}).get("overrides", {}).get("task")
+    try:
+        keys |= {o.key_or_group for o in parser.parse_overrides(master or []) if o.is_sweep_override()}
+    except Exception:  # noqa: BLE001 - a label only: never fail a job over it
+        pass
+    mine = list(hydra_config.overrides.task)
+    chosen = [o for o in mine if _split(o)[0] in keys]
+    return " ".join(chosen or mine)
+
+
+def main(argv: list) -> int:
+    """`distrain summarize DIR`: (re)build the summary of a sweep directory, finished or not."""
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: distrain summarize SWEEP_DIR   (e.g. multirun/2026-01-01/12-00-00)", file=sys.stderr)
+        return 2
+    sweep_dir = Path(argv[0])
+    if not sweep_dir.is_dir():
+        print(f"error: {sweep_dir} is not a directory: give the sweep directory a multirun made "
+              "(multirun/DATE/TIME)", file=sys.stderr)
+        return 2
+    summary = summarize(sweep_dir)
+    if summary is None:
+        return 2
+    return 0

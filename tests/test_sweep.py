@@ -1,0 +1,239 @@
+"""Sweeps (`python train.py -m ...`): a summary table and a plot at the end, whatever the launcher,
+and a failed job that is a failed row rather than the end of the sweep.
+
+Every multi-process test is bounded in time and checks that no process it caused is left behind.
+"""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import RUN_TIMEOUT, TRAIN_PY
+from distrain import cluster, launcher, sweep
+
+TINY = ["data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
+        "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
+PNG = b"\x89PNG\r\n\x1a\n"
+DISTRAIN = str(Path(sys.executable).parent / "distrain")  # the installed command
+
+
+def multirun(sweep_dir: Path, *args, timeout=RUN_TIMEOUT):
+    env = {**os.environ, "KERAS_HOME": str(sweep_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=sweep_dir.parent)
+
+
+def assert_nothing_left(path: Path):
+    found = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
+    assert found == [], f"processes left behind: {found}"
+
+
+def read_csv(path: Path) -> list:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def is_png(path: Path) -> bool:
+    return path.exists() and path.read_bytes()[:8] == PNG and path.stat().st_size > 5000
+
+
+@pytest.fixture(scope="module")
+def worker_sweep(tmp_path_factory):
+    """multi_worker_mirrored over 1 and 2 workers: run once, read by several tests."""
+    sweep_dir = tmp_path_factory.mktemp("workers") / "sweep"
+    out = multirun(sweep_dir, "strategy=multi_worker_mirrored", "cluster.workers=1,2", *TINY)
+    return sweep_dir, out
+
+
+def test_a_sweep_ends_with_a_summary_table_and_a_scaling_plot(worker_sweep):
+    sweep_dir, out = worker_sweep
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = read_csv(sweep_dir / "summary.csv")
+    assert [(r["job"], r["cluster.workers"], r["status"]) for r in rows] == [("0", "1", "ok"), ("1", "2", "ok")]
+    results = [json.loads((sweep_dir / r["run_dir"] / "results.json").read_text()) for r in rows]
+    speedup = results[1]["examples_per_sec"] / results[0]["examples_per_sec"]
+    assert float(rows[0]["speedup"]) == pytest.approx(1.0) and float(rows[0]["efficiency"]) == pytest.approx(1.0)
+    assert float(rows[1]["speedup"]) == pytest.approx(speedup)
+    assert float(rows[1]["efficiency"]) == pytest.approx(speedup / 2)  # 2 replicas against 1
+    assert [r["replicas"] for r in rows] == ["1", "2"] and [r["per_replica_batch"] for r in rows] == ["64", "32"]
+    assert float(rows[1]["test_accuracy"]) == pytest.approx(results[1]["test_accuracy"])
+    # Control: a column the sweep did not vary is not a column of its own.
+    assert "trainer.epochs" not in rows[0] and "cluster.workers" in rows[0]
+    md = (sweep_dir / "summary.md").read_text()
+    assert "| job | cluster.workers | status |" in md
+    assert "strong scaling (global batch 64 fixed" in md
+    assert "| job | cluster.workers | status |" in out.stdout  # the same table on the terminal
+    assert "job #1 (cluster.workers=2): ok - test accuracy" in out.stderr + out.stdout  # each job's closing line
+    assert is_png(sweep_dir / "scaling.png")
+    assert all(is_png(sweep_dir / r["run_dir"] / "curves.png") for r in rows)
+    # Sweep jobs' lines carry the job number; TensorFlow's start-up lines stay in the task logs.
+    assert "[#1 worker-1] " in out.stdout and "[#0] " in out.stdout
+    assert "oneDNN custom operations" not in out.stdout + out.stderr
+    assert "oneDNN custom operations" in (sweep_dir / "1" / "logs" / "worker-1.log").read_text()
+    # The resolved config goes to launcher.log, not to the terminal of every job.
+    assert "cluster:\n  name: local" not in out.stdout + out.stderr
+    assert "cluster:\n  name: local" in (sweep_dir / "0" / "launcher.log").read_text()
+    assert_nothing_left(sweep_dir)
+
+
+def test_summarize_rebuilds_the_summary_of_a_sweep_directory(worker_sweep, tmp_path):
+    sweep_dir, _ = worker_sweep
+    before = read_csv(sweep_dir / "summary.csv")
+    for name in ("summary.csv", "summary.md", "scaling.png"):
+        (sweep_dir / name).unlink()
+    out = subprocess.run([DISTRAIN, "summarize", str(sweep_dir)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert read_csv(sweep_dir / "summary.csv") == before
+    assert is_png(sweep_dir / "scaling.png") and "| job | cluster.workers |" in out.stdout
+    bad = subprocess.run([DISTRAIN, "summarize", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_a_failed_first_job_is_a_failed_row_and_the_others_still_run(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # Job 0 fails inside its training process (no such device), job 1 trains.
+    out = multirun(sweep_dir, "strategy=one_device", "strategy.device=/gpu:7,/cpu:0", *TINY)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stdout + out.stderr
+    rows = read_csv(sweep_dir / "summary.csv")
+    assert [(r["strategy.device"], r["status"], r["exit_status"]) for r in rows] == [
+        ("/gpu:7", "failed", "2"), ("/cpu:0", "ok", "0")]
+    assert "task train exited with status 2" in rows[0]["error"]
+    assert "error: device /gpu:7 is not on this machine" in rows[0]["log_tail"]  # the end of its log
+    assert float(rows[1]["test_accuracy"]) > 0
+    md = (sweep_dir / "summary.md").read_text()
+    assert "## Job 0: failed (exit status 2)" in md and "device /gpu:7 is not on this machine" in md
+    assert "job 0: failed: task train exited with status 2" in out.stdout
+    assert is_png(sweep_dir / "scaling.png")  # accuracy against the swept value, from the ok job
+    assert_nothing_left(sweep_dir)
+
+
+def test_joblib_runs_jobs_side_by_side_and_summarises_them(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    out = multirun(sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                   "strategy=multi_worker_mirrored", "cluster.workers=1", "cluster.pin_workers=true",
+                   "cluster.threads_per_worker=1", "trainer.learning_rate=0.001,0.002", *TINY)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = read_csv(sweep_dir / "summary.csv")
+    assert [(r["trainer.learning_rate"], r["status"]) for r in rows] == [("0.001", "ok"), ("0.002", "ok")]
+    assert "[#0] " in out.stdout and "[#1] " in out.stdout  # two clusters' worker-0s told apart
+    pinned = [json.loads((sweep_dir / r["run_dir"] / "cluster.json").read_text())["tasks"][0]["cores"]
+              for r in rows]
+    if "workers share cores" not in out.stdout + out.stderr:  # where both ran at once with a core each
+        assert pinned[0] != pinned[1], pinned
+    assert is_png(sweep_dir / "scaling.png")
+    assert_nothing_left(sweep_dir)
+
+
+def test_optuna_search_gets_each_trials_test_accuracy(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    out = multirun(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2", *TINY)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    accuracies = [json.loads((sweep_dir / str(n) / "results.json").read_text())["test_accuracy"] for n in (0, 1)]
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(max(accuracies))
+    rows = read_csv(sweep_dir / "summary.csv")
+    assert len(rows) == 2 and {"trainer.learning_rate", "trainer.batch_size"} <= set(rows[0])
+    assert "Optuna: best value" in (sweep_dir / "summary.md").read_text()
+    assert_nothing_left(sweep_dir)
+
+
+def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=joblib",
+         "strategy=multi_worker_mirrored", "cluster.workers=1,2", "data=synthetic", "trainer.epochs=1000",
+         "trainer.verbose=2", "trainer.save_model=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        logs = [sweep_dir / "0" / "logs" / "worker-0.log", sweep_dir / "1" / "logs" / "worker-1.log"]
+        while not all(p.exists() and "Epoch 1/" in p.read_text() for p in logs):
+            assert proc.poll() is None and time.monotonic() < deadline, "the jobs never got going"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and "interrupted" in out.splitlines()[-1]
+    for job in ("0", "1"):
+        assert json.loads((sweep_dir / job / "status.json").read_text())["status"] == "interrupted"
+        assert json.loads((sweep_dir / job / "cluster.json").read_text())["status"] == "interrupted"
+    time.sleep(1)
+    assert_nothing_left(sweep_dir)
+
+
+# Pieces, without TensorFlow.
+
+def _job(sweep_dir: Path, num: int, overrides: list, status=None, results=None):
+    job_dir = sweep_dir / str(num)
+    (job_dir / ".hydra").mkdir(parents=True)
+    (job_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (job_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
+    if status:
+        (job_dir / "status.json").write_text(json.dumps(status))
+    if results:
+        (job_dir / "results.json").write_text(json.dumps(results))
+
+
+def _results(strategy, replicas, batch, per_replica, speed):
+    return {"strategy": strategy, "num_workers": replicas, "num_ps": 0, "num_replicas": replicas,
+            "global_batch_size": batch, "per_replica_batch_size": per_replica, "examples_per_sec": speed,
+            "steps_per_sec": speed / batch, "test_accuracy": 0.9, "test_loss": 0.3, "train_seconds": 5.0,
+            "history": {"loss": [1.0, 0.5], "accuracy": [0.6, 0.8]}, "model": "cnn", "data": "synthetic"}
+
+
+def test_partial_sweep_rows_and_weak_scaling(tmp_path):
+    """An interrupted sweep: a job that never finished is an `incomplete` row; weak scaling is named."""
+    ok = {"status": "ok", "exit_status": 0, "error": "", "log_tail": []}
+    _job(tmp_path, 0, ["cluster.workers=1", "x=1"], ok, _results("multi_worker_mirrored", 1, 128, 128, 1000.0))
+    _job(tmp_path, 1, ["cluster.workers=2", "x=1"], ok, _results("multi_worker_mirrored", 2, 256, 128, 1800.0))
+    _job(tmp_path, 2, ["cluster.workers=4", "x=1"])  # started, never finished
+    rows, varying = sweep.collect(tmp_path)
+    assert varying == ["cluster.workers"]
+    assert [(r["job"], r["status"]) for r in rows] == [(0, "ok"), (1, "ok"), (2, "incomplete")]
+    assert rows[1]["speedup"] == pytest.approx(1.8) and rows[1]["efficiency"] == pytest.approx(0.9)
+    assert sweep.scaling_notes(rows) == ["multi_worker_mirrored over 1/2 replicas: weak scaling (per-replica "
+                                         "batch 128 fixed, work grows with the replicas)"]
+    summary = sweep.summarize(tmp_path, out=open(os.devnull, "w"))
+    assert summary.failed == [rows[2]] and is_png(tmp_path / "scaling.png")
+
+
+def test_speedups_are_per_strategy_and_blank_without_a_scaling_dimension():
+    rows = [{"status": "ok", **{k: v for k, v in zip(
+        ("strategy", "replicas", "examples_per_sec", "global_batch", "per_replica_batch"), values)},
+        "speedup": "", "efficiency": ""} for values in (
+        ("mirrored", 1, 100.0, 64, 64), ("mirrored", 2, 150.0, 64, 32),
+        ("default", 1, 120.0, 64, 64), ("default", 1, 90.0, 64, 64))]
+    sweep.add_speedups(rows)
+    assert [r["speedup"] for r in rows][:2] == [1.0, 1.5] and rows[1]["efficiency"] == 0.75
+    assert rows[2]["speedup"] == rows[3]["speedup"] == ""  # replicas do not vary: nothing to scale against
+
+
+def test_side_by_side_runs_pin_their_workers_to_different_cores(tmp_path):
+    with cluster.CoreLocks(1, cores=[0, 1], lock_dir=tmp_path) as a, \
+            cluster.CoreLocks(1, cores=[0, 1], lock_dir=tmp_path) as b:
+        assert a.cores == [0] and b.cores == [1] and not a.shared and not b.shared
+        with cluster.CoreLocks(1, cores=[0, 1], lock_dir=tmp_path) as c:  # none free: share, and say so
+            assert c.cores == [0, 1] and "share" in c.shared
+    with cluster.CoreLocks(2, cores=[0, 1], lock_dir=tmp_path) as d:  # released when the runs ended
+        assert d.cores == [0, 1] and not d.shared
+
+
+def test_tensorflow_startup_noise_is_recognised():
+    assert launcher.is_noise(b"E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error")
+    assert launcher.is_noise(b"WARNING: All log messages before absl::InitializeLog() is called are written")
+    assert not launcher.is_noise(b"Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826")
+    assert not launcher.is_noise(b"error: device /gpu:7 is not on this machine")
