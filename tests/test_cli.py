@@ -70,10 +70,12 @@ def test_multirun_sweeps_replicas_each_in_a_fresh_process(tmp_path):
     (["trainer.epochs=-1"], "error: trainer.epochs=-1 must be a positive integer"),
     (["strategy=mirrored", "strategy.cpu_virtual_devices=3"], "must divide evenly over 3 replicas"),
     (["strategy=one_device", "strategy.device=/gpu:7"], "error: device /gpu:7 is not on this machine"),
-    (["data.source=idx", "data.path=/nonexistent"], "error: data.path=/nonexistent is not a directory"),
+    (["data=mnist", "data.source=idx", "data.path=/nonexistent"], "error: data.path=/nonexistent is not a directory"),
+    (["data.source=bundled"], "error: data.source=bundled holds MNIST digits, not synthetic"),  # would mislabel
 ])
 def test_bad_input_is_one_clear_line_and_a_nonzero_exit(tmp_path, args, message):
-    out = run_cli(tmp_path / "run", *QUICK, *args)
+    quick = [a for a in QUICK if not (a.startswith("data") and any(x.startswith("data=") for x in args))]
+    out = run_cli(tmp_path / "run", *quick, *args)
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert message in text

@@ -165,8 +165,8 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
     deadline = time.monotonic() + (startup_timeout or 0)
     seen, outcome = set(), Outcome(1, "failed")
     try:
-        for task in tasks:
-            names = [str(f"#{job.num}")] * bool(job) + [task.name] * (len(tasks) > 1)
+        for task in tasks:  # a prefix tells apart the lines of several tasks, or of a sweep's jobs
+            names = ([f"#{job.num}"] if job else []) + ([task.name] if len(tasks) > 1 else [])
             task.start(run_dir, prefix=f"[{' '.join(names)}] " if names else None)
         on_change and on_change("running")
         while True:
