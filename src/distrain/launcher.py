@@ -248,7 +248,6 @@ def launch(cfg, run_dir: Path, job: Job | None = None) -> int:
                           if cfg.cluster.name == "tf_config" else cluster_lib.from_manual(cfg.cluster, cfg.strategy.name))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        report.write_status(run_dir, "failed", 2, f"error: {exc}", job=job)
         return _finish(Outcome(2, "failed", f"error: {exc}"), run_dir, job)
     log.info("data: %s from source %s (%s)", cfg.data.name, source, why)
     config_path = run_dir / "config.yaml"
@@ -282,7 +281,6 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
                 error = (f"error: cluster.isolate=true but no private network is possible here ({net.reason}): "
                          "set cluster.isolate=auto to run without one")
                 print(error, file=sys.stderr, flush=True)
-                report.write_status(run_dir, "failed", 2, error, job=job)
                 return Outcome(2, "failed", error)
             log.warning("the cluster's servers are NOT isolated (%s): TensorFlow listens on every interface, "
                         "so anyone who can reach this machine can reach them; use a trusted network",
@@ -318,7 +316,9 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
 
 
 def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:
-    """Draw a finished run's curves.png, and say in one line how the run ended (status.json has it)."""
+    """Record how the run ended in status.json (run_tasks wrote it already, before stopping the tasks;
+    not so a run refused before it started), draw a finished run's curves.png, say it in one line."""
+    report.write_status(run_dir, outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
     results = report.read_results(run_dir) if outcome.status == "ok" else None
     if results:
         try:
@@ -333,5 +333,6 @@ def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:
             log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
                       f" - {outcome.error}" if outcome.error else "")
     elif outcome.code:
-        log.error("the run failed with exit status %d; logs in %s", outcome.code, run_dir / "logs")
+        log.error("the run %s with exit status %d; logs in %s",
+                  "was interrupted" if outcome.status == "interrupted" else "failed", outcome.code, run_dir / "logs")
     return outcome.code

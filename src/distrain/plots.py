@@ -66,25 +66,31 @@ def scaling(rows: list, path: Path, note: str = "") -> Path:
 
 
 def by_value(rows: list, key: str, path: Path, series_keys=()) -> Path:
-    """Test accuracy and throughput against one swept value, a line per combination of the others."""
+    """Test accuracy and throughput against one swept value, a line (or, for named choices such as
+    strategies, a set of bars) per combination of the other swept values."""
     fig, (accuracy, speed) = plt.subplots(1, 2, figsize=(11, 4.5))
     groups = defaultdict(list)
     for row in rows:
         groups[", ".join(f"{k}={row[k]}" for k in series_keys)].append(row)
     numeric = all(_number(r[key]) is not None for r in rows)
-    labels = sorted({str(r[key]) for r in rows}, key=lambda v: (_number(v) is None, _number(v) or 0, v))
-    for name, points in groups.items():
-        points.sort(key=lambda r: _number(r[key]) if numeric else labels.index(str(r[key])))
-        x = [_number(r[key]) if numeric else labels.index(str(r[key])) for r in points]
-        accuracy.plot(x, [r["test_accuracy"] for r in points], marker="o", label=name or None)
-        speed.plot(x, [r["examples_per_sec"] for r in points], marker="o", label=name or None)
+    labels = list(dict.fromkeys(str(r[key]) for r in rows))  # in the sweep's order
+    width = 0.8 / len(groups)
+    for i, (name, points) in enumerate(groups.items()):
+        for ax, measure in ((accuracy, "test_accuracy"), (speed, "examples_per_sec")):
+            if numeric:
+                points.sort(key=lambda r: _number(r[key]))
+                ax.plot([_number(r[key]) for r in points], [r[measure] for r in points], marker="o",
+                        label=name or None)
+            else:
+                ax.bar([labels.index(str(r[key])) + (i - (len(groups) - 1) / 2) * width for r in points],
+                       [r[measure] for r in points], width, label=name or None)
+    values = [_number(v) for v in labels] if numeric else []
     for ax, title, ylabel in ((accuracy, "test accuracy", "accuracy"), (speed, "throughput", "examples/s")):
         ax.set(title=title, xlabel=key, ylabel=ylabel)
         ax.grid(alpha=0.3)
         if not numeric:
             ax.set_xticks(range(len(labels)), labels, rotation=20)
-        elif min(x for x in map(_number, labels)) > 0 and \
-                max(map(_number, labels)) / min(map(_number, labels)) >= 10:
+        elif min(values) > 0 and max(values) / min(values) >= 10:
             ax.set_xscale("log")  # learning rates and the like
         if groups.keys() != {""}:
             ax.legend(fontsize="small")

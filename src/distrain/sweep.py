@@ -50,7 +50,8 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
               f"{report.STATUS}): give the directory a multirun made (multirun/DATE/TIME)", file=sys.stderr)
         return None
     summary = Summary(sweep_dir, rows, varying)
-    columns = ["job", *varying, "status", "exit_status", *(name for name, _ in MEASURES), "run_dir", "error"]
+    columns = ["job", *varying, "status", "exit_status", *(name for name, _ in MEASURES if name not in varying),
+               "run_dir", "error"]  # (a swept `strategy` is a column once)
     _write_csv(sweep_dir / "summary.csv", rows, columns)
     # The tables leave out columns no job has a value in (the CSV keeps every column).
     table = markdown(rows, [c for c in columns if any(r.get(c) not in ("", None) for r in rows)])
@@ -146,20 +147,24 @@ def scaling_strategies(rows: list) -> dict:
 
 
 def scaling_notes(rows: list) -> list:
-    """One line per scaling strategy: weak (per-replica batch fixed) or strong (global batch fixed)."""
-    notes = []
-    for strategy, runs in scaling_strategies(rows).items():
-        per_replica = {r["per_replica_batch"] for r in runs}
-        global_batch = {r["global_batch"] for r in runs}
-        replicas = "/".join(str(n) for n in sorted({r["replicas"] for r in runs}))
-        if len(per_replica) == 1:
-            kind = f"weak scaling (per-replica batch {per_replica.pop()} fixed, work grows with the replicas)"
-        elif len(global_batch) == 1:
-            kind = f"strong scaling (global batch {global_batch.pop()} fixed, split over the replicas)"
-        else:
-            kind = "neither weak nor strong scaling (batch sizes vary otherwise): compare with care"
-        notes.append(f"{strategy} over {replicas} replicas: {kind}")
-    return notes
+    """One line per scaling strategy: weak (per-replica batch fixed) or strong (global batch fixed);
+    one line for the whole sweep where only a mix of strategies varies the replicas."""
+    scaling = scaling_strategies(rows)
+    ok = [r for r in rows if r["status"] == "ok" and r["examples_per_sec"]]
+    if not scaling and len({r["replicas"] for r in ok}) > 1:
+        scaling = {"across strategies": ok}
+    return [f"{name} over {'/'.join(str(n) for n in sorted({r['replicas'] for r in runs}))} replicas: "
+            f"{_scaling_kind(runs)}" for name, runs in scaling.items()]
+
+
+def _scaling_kind(runs: list) -> str:
+    per_replica = {r["per_replica_batch"] for r in runs}
+    global_batch = {r["global_batch"] for r in runs}
+    if len(per_replica) == 1:
+        return f"weak scaling (per-replica batch {per_replica.pop()} fixed, work grows with the replicas)"
+    if len(global_batch) == 1:
+        return f"strong scaling (global batch {global_batch.pop()} fixed, split over the replicas)"
+    return "neither weak nor strong scaling (batch sizes vary otherwise): compare with care"
 
 
 def plot(summary: Summary, path: Path) -> Path | None:
