@@ -281,9 +281,9 @@ def test_sidecar_evaluator_evaluates_every_epoch(tmp_path, strategy):
                   "data.train_examples=1024", "trainer.epochs=3", "trainer.verbose=0")
     assert out.returncode == 0, out.stdout[-4000:]
     evaluations = json.loads((run_dir / "evaluation.json").read_text())["evaluations"]
-    assert evaluations[-1]["checkpoint"] == "ckpt-3"  # it stops after the last epoch's checkpoint
+    assert evaluations[-1]["checkpoint"] == "ckpt-24"  # it stops after the last epoch's (8 steps an epoch)
     assert [e["epoch"] for e in evaluations] == sorted({e["epoch"] for e in evaluations})
     final = json.loads((run_dir / "results.json").read_text())
     assert evaluations[-1]["accuracy"] == pytest.approx(final["test_accuracy"], abs=1e-6)
-    assert "[evaluator-0] evaluator: epoch 3 (ckpt-3)" in out.stdout
+    assert "[evaluator-0] evaluator: epoch 3 (ckpt-24)" in out.stdout
     assert_nothing_left(run_dir)

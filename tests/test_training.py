@@ -71,13 +71,13 @@ def test_mixed_precision_xla_and_steps_per_execution(tmp_path):
 
 def test_saves_checkpoint_savedmodel_and_tensorboard(tmp_path):
     results, model = train(small("trainer.save_model=true", "trainer.tensorboard=true"), tmp_path)
-    assert list((tmp_path / "checkpoints").glob("ckpt-1.index"))
+    assert list((tmp_path / "checkpoints").glob("ckpt-16.index"))  # numbered by global step
     assert list((tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*"))
     loaded = keras.models.load_model(tmp_path / "saved_model")
     x = tf.random.uniform((4, 28, 28, 1), seed=1)
     np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
     restored = keras.models.clone_model(model)
-    tf.train.Checkpoint(model=restored).restore(str(tmp_path / "checkpoints" / "ckpt-1")).expect_partial()
+    tf.train.Checkpoint(model=restored).restore(str(tmp_path / "checkpoints" / "ckpt-16")).expect_partial()
     np.testing.assert_allclose(restored(x), model(x), atol=1e-6)
 
 

@@ -30,7 +30,7 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     job = None
     if hydra_cfg.mode == RunMode.MULTIRUN:
         job = launcher.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg))
-    code = launcher.launch(cfg, run_dir, job)
+    code = launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
     if code in INTERRUPTED and job:
         print(f"sweep interrupted during job {job}: `distrain summarize {hydra_cfg.sweep.dir}` summarises "
               "the jobs so far", file=sys.stderr, flush=True)

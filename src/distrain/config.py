@@ -1,4 +1,6 @@
 """Checks on the composed config that need no TensorFlow, so bad input fails in a second."""
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage",
@@ -50,6 +52,8 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg.optimizer, "optimizer", OPTIMIZERS)
     for key in ("epochs", "batch_size", "steps_per_execution"):
         _positive_int(t[key], f"trainer.{key}")
+    if t.checkpoint_every_steps != 0:
+        _positive_int(t.checkpoint_every_steps, "trainer.checkpoint_every_steps")
     if not isinstance(t.learning_rate, (int, float)) or t.learning_rate <= 0:
         raise ConfigError(f"trainer.learning_rate={t.learning_rate!r} must be a positive number: "
                           "set e.g. trainer.learning_rate=0.001")
@@ -103,3 +107,41 @@ def check_batch_divides(batch_size: int, replicas) -> None:
         raise ConfigError(f"trainer.batch_size={batch_size} is the global batch and must divide evenly "
                           f"over {replicas} replicas: set trainer.batch_size={lower or replicas} "
                           f"or {lower + replicas}")
+
+
+# What a resumed run may change: train longer, show more or less.
+RESUME_MAY_CHANGE = ("trainer.epochs", "trainer.verbose", "trainer.resume")
+
+
+def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
+    """trainer.resume=true: the config of the run in run_dir, which is authoritative; this command's
+    overrides may only raise the epochs (or change verbosity), and one that contradicts the run is
+    an error. Also checks that there is a checkpoint to resume from."""
+    saved_path = Path(run_dir) / "config.yaml"
+    if not saved_path.exists():
+        raise ConfigError(f"trainer.resume=true but {run_dir} holds no earlier run (no config.yaml): "
+                          "set hydra.run.dir to the run directory to resume, e.g. outputs/DATE/TIME")
+    saved = OmegaConf.load(saved_path)
+    changes = {}
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith("hydra"):
+            continue
+        if key in RESUME_MAY_CHANGE:
+            changes[key] = OmegaConf.select(cfg, key)
+            continue
+        mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(saved, key)
+        if isinstance(mine, DictConfig):  # a group choice such as model=mlp: compare the options' names
+            mine, theirs = mine.get("name"), theirs.get("name") if isinstance(theirs, DictConfig) else theirs
+            key = f"{key} (option)"
+        if mine != theirs:
+            raise ConfigError(f"{override} contradicts the run being resumed, which has {theirs!r} there "
+                              f"({saved_path}): drop the override, or start a new run without trainer.resume")
+    merged = OmegaConf.merge(saved, {"trainer": {"resume": True}})
+    for key, value in changes.items():
+        OmegaConf.update(merged, key, value)
+    directory = Path(merged.trainer.checkpoint_dir or Path(run_dir) / "checkpoints")
+    if not (directory / "checkpoint").exists():
+        raise ConfigError(f"trainer.resume=true but {directory} holds no checkpoint to resume from: "
+                          "resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
+    return merged

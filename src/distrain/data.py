@@ -151,7 +151,7 @@ def synthetic(train_examples: int, test_examples: int, seed: int):
 
 
 def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None,
-                 part=None, drop_remainder=False):
+                 part=None, drop_remainder=False, skip=0):
     """The pipeline every strategy uses: shuffle (fixed seed) and batch example indices, then gather
     and normalise each batch from the in-memory uint8 arrays, prefetching ahead of the model.
 
@@ -173,6 +173,8 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     if repeat:  # after batching: every epoch is a fresh shuffle cut into whole batches
         ds = ds.repeat()
+    if skip:  # a resumed run: the batches already trained, passed over as indices (cheap)
+        ds = ds.skip(skip)
     if part is not None:
         i, parts = part
         size = batch_size // parts

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import data, report
 from .cluster import READY
-from .config import CLUSTER_STRATEGIES, ConfigError, validate
+from .config import CLUSTER_STRATEGIES, ConfigError, resumed, validate
 from .process import die_with_parent
 
 log = logging.getLogger("distrain")
@@ -234,12 +234,15 @@ def stop_all(tasks: list) -> None:
             task.proc.wait()
 
 
-def launch(cfg, run_dir: Path, job: Job | None = None) -> int:
+def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     """Check the config, settle the data source, record the config, run the task(s). Exit status.
 
     `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
-    config goes to launcher.log only."""
+    config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
     try:
+        if cfg.trainer.resume:
+            cfg = resumed(cfg, run_dir, list(overrides))
+            log.info("resuming the run in %s", run_dir)
         validate(cfg)
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})

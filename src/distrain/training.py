@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from . import data as data_lib
+from .checkpoints import Checkpoints, Progress, read_position, segments
 from .config import ConfigError, check_batch_divides
 from .model import build_model, compile_model, hits, make_optimizer
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
@@ -58,6 +59,19 @@ def train(cfg, run_dir: Path, strategy=None):
         optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
         optimizer.build(model.trainable_variables)
     train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile and not asynchronous)
+    chief = is_chief(strategy)
+    # Every worker of a synchronous cluster must save (saving reads replicated variables together),
+    # but only the chief's copy is kept.
+    out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-"))
+    saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir, chief)) if t.save_model else None
+    progress = Progress()
+    if t.resume:  # every task reads the chief's checkpoints
+        progress = (saves or Checkpoints(model, optimizer, out_dir)).restore(checkpoint_dir(cfg, run_dir))
+        progress.restarts += 1
+        progress.resumed_from_step = int(optimizer.iterations.numpy())
+        print(f"resumed from global step {progress.resumed_from_step} (epoch {progress.epoch + 1}, "
+              f"step {progress.step} of {steps})", flush=True)
+
     if asynchronous:
         print(placement_table(model.variables + optimizer.variables, ps), flush=True)
         # An epoch ends at a join(): with too few functions per epoch, workers idle while the last ones
@@ -67,32 +81,36 @@ def train(cfg, run_dir: Path, strategy=None):
                              optimizer, workers)
     else:
         per_call = t.steps_per_execution
-        runner = SyncEpochs(strategy, train_steps, distributed_train_dataset(strategy, x_train, y_train, cfg),
-                            progress=t.verbose == 1)
-    calls = [per_call] * (steps // per_call) + [steps % per_call] * bool(steps % per_call)
+        # Resumed, the data goes on from the batch after the last one trained: the batches an
+        # uninterrupted run would have seen.
+        dataset = distributed_train_dataset(strategy, x_train, y_train, cfg, skip=progress.epoch * steps + progress.step)
+        runner = SyncEpochs(strategy, train_steps, dataset, progress=t.verbose == 1)
     if t.verbose:
         print(f"{steps} steps per epoch, up to {per_call} per tf.function call", flush=True)
 
-    chief = is_chief(strategy)
-    # Every worker of a synchronous cluster must save (saving reads replicated variables together),
-    # but only the chief's copy is kept.
-    out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-"))
-    manager = checkpoint_manager(model, optimizer, checkpoint_dir(cfg, out_dir, chief)) if t.save_model else None
     writer = tf.summary.create_file_writer(str(out_dir / "tensorboard" / "train")) if t.tensorboard else None
-    epoch_seconds, history = [], {"loss": [], "accuracy": []}
-    for epoch in range(t.epochs):
+    history, epoch_seconds = progress.history, progress.epoch_seconds
+    for epoch in range(progress.epoch, t.epochs):
         if runner.progress:
             print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
         start = time.perf_counter()
-        loss_sum, correct, examples = runner.run(calls)
+        runner.begin(steps, progress.step, progress.totals)
+        for calls in segments(progress.step, steps, per_call, t.checkpoint_every_steps, epoch * steps):
+            runner.run(calls)
+            progress.step += sum(calls)
+            if saves and progress.step < steps:  # a checkpoint within the epoch
+                progress.totals = runner.totals()
+                saves.save(progress, epoch * steps + progress.step)
+        loss_sum, correct, examples = runner.end()
         epoch_seconds.append(time.perf_counter() - start)
         history["loss"].append(loss_sum / examples)
         history["accuracy"].append(correct / examples)
+        progress.epoch, progress.step, progress.totals = epoch + 1, 0, [0.0, 0.0, 0.0]
         if t.verbose and not runner.progress:
-            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.describe(calls)} - {epoch_seconds[-1]:.1f}s - "
+            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.describe(steps)} - {epoch_seconds[-1]:.1f}s - "
                   f"loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f}", flush=True)
-        if manager:
-            manager.save(checkpoint_number=epoch + 1)
+        if saves:
+            saves.save(progress, (epoch + 1) * steps)
         if writer:
             with writer.as_default(step=epoch):
                 for name, values in history.items():
@@ -136,6 +154,8 @@ def train(cfg, run_dir: Path, strategy=None):
         "examples_per_sec": throughput(steps * t.batch_size, epoch_seconds),
         "steps_per_sec": throughput(steps, epoch_seconds),
         "global_steps": global_steps,
+        "resumed_from_step": progress.resumed_from_step,
+        "restarts": progress.restarts,
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
         "final_train_loss": history["loss"][-1],
@@ -189,28 +209,38 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool):
 
 class SyncEpochs:
     """Synchronous strategies: every worker process makes each call itself. Gradients are all-reduced
-    inside every step; the loss and accuracy sums once per epoch."""
+    inside every step; the loss and accuracy sums only when asked for (checkpoints, epoch end)."""
 
     def __init__(self, strategy, train_steps, dataset, progress: bool):
         self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
         self.progress = progress
 
-    def run(self, calls: list) -> list:
-        """Returns [loss sum, correct, examples] over every worker."""
-        bar = keras.utils.Progbar(sum(calls), stateful_metrics=["loss", "accuracy"]) if self.progress else None
-        totals, done = tf.zeros([3]), 0
+    def begin(self, steps: int, done: int, carried: list) -> None:
+        """An epoch of `steps` steps, `done` of them already (resumed), whose sums so far are `carried`."""
+        self.local, self.carried, self.done = tf.zeros([3]), np.array(carried, np.float32), done
+        self.bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy"]) if self.progress else None
+        if self.bar and done:
+            self.bar.update(done)
+
+    def run(self, calls: list) -> None:
         for steps in calls:
-            totals += self.train_steps(self.iterator, tf.constant(steps))
-            done += steps
-            if bar and done < bar.target:  # this worker's running values; the last update, the cluster's
-                bar.update(done, bar_values(totals), finalize=False)
-        totals = across_workers(self.strategy, totals).numpy().tolist()
-        if bar:
-            bar.update(done, bar_values(totals), finalize=True)
+            self.local += self.train_steps(self.iterator, tf.constant(steps))
+            self.done += steps
+            if self.bar and self.done < self.bar.target:  # this worker's running values
+                self.bar.update(self.done, bar_values(self.local + self.carried), finalize=False)
+
+    def totals(self) -> list:
+        """[loss sum, correct, examples] of the epoch so far over every worker (all of them must ask)."""
+        return (across_workers(self.strategy, self.local).numpy() + self.carried).tolist()
+
+    def end(self) -> list:
+        totals = self.totals()
+        if self.bar:  # the last update shows the whole cluster's values
+            self.bar.update(self.done, bar_values(totals), finalize=True)
         return totals
 
-    def describe(self, calls: list) -> str:
-        return f"{sum(calls)} steps"
+    def describe(self, steps: int) -> str:
+        return f"{steps} steps"
 
 
 def bar_values(totals) -> list:
@@ -244,32 +274,39 @@ class AsyncEpochs:
             return tf.distribute.coordinator.experimental_get_current_worker_index(), train_steps(iterator, steps)
         self.scheduled = scheduled
 
-    def run(self, calls: list) -> list:
+    def begin(self, steps: int, done: int, carried: list) -> None:
+        self.sums = np.array(carried, np.float64)
+
+    def run(self, calls: list) -> None:
         remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
                   for steps in calls]
         self.coordinator.join()
-        totals = np.zeros(3)
         for steps, value in remote:
             worker, worker_totals = value.fetch()
             self.worker_steps[int(worker)] += steps
-            totals += worker_totals
-        return totals.tolist()
+            self.sums += worker_totals
 
-    def describe(self, calls: list) -> str:
+    def totals(self) -> list:
+        return self.sums.tolist()
+
+    end = totals
+
+    def describe(self, steps: int) -> str:
         per_worker = ", ".join(f"worker {i}: {n}" for i, n in enumerate(self.worker_steps))
         return f"global step {int(self.optimizer.iterations.numpy())} ({per_worker})"
 
 
-def distributed_train_dataset(strategy, images, labels, cfg):
+def distributed_train_dataset(strategy, images, labels, cfg, skip: int = 0):
     """Every input pipeline (one per worker) builds the same shuffled global batches and keeps the
     slice for its own replicas, one per-replica batch per element: the global batch is exactly the
-    one a single device would take. Every step is a full global batch (the remainder is dropped)."""
+    one a single device would take. Every step is a full global batch (the remainder is dropped).
+    `skip` global batches are passed over (a resumed run)."""
     t = cfg.trainer
 
     def dataset_fn(context):
         replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
         ds = data_lib.make_dataset(images, labels, t.batch_size, seed=t.seed, drop_remainder=True, repeat=True,
-                                   shuffle_buffer=cfg.data.shuffle_buffer,
+                                   shuffle_buffer=cfg.data.shuffle_buffer, skip=skip,
                                    part=(context.input_pipeline_id, context.num_input_pipelines))
         return ds.rebatch(context.get_per_replica_batch_size(t.batch_size)) if replicas_here > 1 else ds
 
@@ -307,11 +344,6 @@ def checkpoint_dir(cfg, run_dir: Path, chief: bool = True) -> Path:
     return run_dir / "checkpoints"
 
 
-def checkpoint_manager(model, optimizer, directory: Path) -> tf.train.CheckpointManager:
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=3)
-
-
 def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
     """The evaluator task: evaluate each checkpoint the chief writes, until the last epoch's."""
     t = cfg.trainer
@@ -328,11 +360,15 @@ def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
             tf.train.Checkpoint(model=model).restore(path).expect_partial()
         except (tf.errors.NotFoundError, tf.errors.DataLossError):  # pruned before we got to it
             continue
+        position = read_position(path)
+        if position is None:  # pruned before we got to it
+            continue
         loss, accuracy = model.evaluate(test_ds, verbose=0)
-        epoch = int(path.rsplit("-", 1)[-1])
-        evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "loss": loss, "accuracy": accuracy})
-        print(f"evaluator: epoch {epoch} ({Path(path).name}): test loss {loss:.4f}, accuracy {accuracy:.4f}",
-              flush=True)
+        epoch, step = position.epoch, position.step  # epochs finished, steps into the next
+        evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "step": step, "loss": loss,
+                            "accuracy": accuracy})
+        where = f"epoch {epoch}" + (f" + {step} steps" if step else "")
+        print(f"evaluator: {where} ({Path(path).name}): test loss {loss:.4f}, accuracy {accuracy:.4f}", flush=True)
         if epoch >= t.epochs:
             break
     return {"checkpoint_dir": str(directory), "evaluations": evaluations}

@@ -1,0 +1,77 @@
+"""Checkpoints and resume: what a run saves so that it can go on exactly where it stopped.
+
+A checkpoint holds the model, the optimizer (whose `iterations` is the global step) and the training
+position with the history so far, as JSON in a string variable, so all of it is written and read
+together. `tf.train.CheckpointManager` writes a checkpoint's files first and its name into the
+`checkpoint` index last, atomically, so a checkpoint cut short by a crash is never the one resumed.
+"""
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import tensorflow as tf
+
+from .config import ConfigError
+
+KEEP = 3  # checkpoints kept
+
+
+@dataclass
+class Progress:
+    """Where training stands: epochs finished, steps of the current epoch finished, that epoch's
+    [loss sum, correct, examples] so far (over every worker), and the history of the finished ones."""
+    epoch: int = 0
+    step: int = 0
+    totals: list = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    history: dict = field(default_factory=lambda: {"loss": [], "accuracy": []})
+    epoch_seconds: list = field(default_factory=list)
+    restarts: int = 0  # times this run was resumed
+    resumed_from_step: int | None = None
+
+
+class Checkpoints:
+    def __init__(self, model, optimizer, directory: Path, keep: int = KEEP):
+        self.position = tf.Variable("", dtype=tf.string, trainable=False)
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, progress=self.position)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=keep)
+
+    def save(self, progress: Progress, global_step: int) -> str:
+        self.position.assign(json.dumps(asdict(progress)))
+        return self.manager.save(checkpoint_number=global_step)
+
+    def restore(self, directory: Path) -> Progress:
+        """The latest checkpoint in `directory` into the model and optimizer; its training position.
+        A missing, corrupt or incompatible checkpoint is a ConfigError naming it."""
+        path = tf.train.latest_checkpoint(str(directory))
+        if path is None:
+            raise ConfigError(f"trainer.resume=true but {directory} holds no checkpoint: "
+                              "resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
+        try:
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+            progress = Progress(**json.loads(self.position.numpy().decode()))
+        except Exception as exc:  # noqa: BLE001 - truncated files fail in many ways; each is "cannot be resumed"
+            reason = str(exc).strip().splitlines()[0][:200]
+            raise ConfigError(f"checkpoint {path} cannot be resumed ({reason}): it is corrupt or from another "
+                              "model or optimizer; restore the run's own checkpoints or start a new run") from None
+        return progress
+
+
+def read_position(path: str) -> Progress | None:
+    """The training position saved in one checkpoint (for the evaluator), or None if it has none."""
+    try:
+        text = tf.train.load_checkpoint(path).get_tensor("progress/.ATTRIBUTES/VARIABLE_VALUE")
+    except (tf.errors.OpError, ValueError):
+        return None
+    return Progress(**json.loads(text.decode() if isinstance(text, bytes) else text))
+
+
+def segments(start: int, end: int, per_call: int, every: int, offset: int) -> list:
+    """The calls (steps per call) from step `start` to `end` of an epoch, cut into segments that end
+    where a checkpoint is due: where the global step (offset + step) is a multiple of `every`."""
+    cuts = sorted({end} | {s for s in range(start + 1, end) if every and (offset + s) % every == 0})
+    out, previous = [], start
+    for cut in cuts:
+        n = cut - previous
+        out.append([per_call] * (n // per_call) + [n % per_call] * bool(n % per_call))
+        previous = cut
+    return out

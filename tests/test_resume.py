@@ -1,0 +1,160 @@
+"""Resume: a run stopped at any step goes on from its latest checkpoint, and for synchronous
+strategies ends with the same weights as a run that was never stopped (model=mlp, SGD: no dropout).
+
+Multi-process tests are bounded in time and check that no process they caused is left behind.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import RUN_TIMEOUT, TRAIN_PY, run_cli, small
+from distrain import training
+from distrain.config import ConfigError
+from distrain.training import train
+
+SGD_MLP = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.checkpoint_every_steps=5"]
+
+
+def weights(checkpoint_path) -> dict:
+    reader = tf.train.load_checkpoint(str(checkpoint_path))
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float(np.abs(a[n] - b[n]).max()) for n in a)
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypatch, strategy):
+    config = ["trainer.save_model=true", "trainer.epochs=3", f"strategy={strategy}",
+              "strategy.cpu_virtual_devices=2", *SGD_MLP]  # 1024 // 64 = 16 steps an epoch
+    uninterrupted, whole = train(small(*config), tmp_path / "whole")
+
+    calls = {"n": 0}
+    run = training.SyncEpochs.run
+
+    def crash_after_23_steps(self, calls_list):  # the 4th segment of epoch 2 never runs
+        calls["n"] += sum(calls_list)
+        if calls["n"] > 23:
+            raise Crash()
+        run(self, calls_list)
+
+    monkeypatch.setattr(training.SyncEpochs, "run", crash_after_23_steps)
+    with pytest.raises(Crash):
+        train(small(*config), tmp_path / "stopped")
+    monkeypatch.setattr(training.SyncEpochs, "run", run)
+    latest = tf.train.latest_checkpoint(str(tmp_path / "stopped" / "checkpoints"))
+    assert latest.endswith("ckpt-20")  # mid-epoch 2: 16 + 4 steps (checkpoints every 5 global steps)
+
+    results, resumed = train(small(*config, "trainer.resume=true"), tmp_path / "stopped")
+    assert results["resumed_from_step"] == 20 and results["restarts"] == 1 and results["global_steps"] == 48
+    for a, b in zip(whole.get_weights(), resumed.get_weights()):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    assert len(results["history"]["loss"]) == 3  # the history covers the whole run
+    np.testing.assert_allclose(results["history"]["loss"], uninterrupted["history"]["loss"], rtol=1e-5)
+    # Control: the comparison can fail; a run with another seed ends elsewhere.
+    _, other = train(small(*config, "trainer.seed=7"), tmp_path / "other")
+    assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3
+
+
+def _start(run_dir, *args):
+    return subprocess.Popen([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=run_dir.parent)
+
+
+def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, proc, steps_per_epoch: int, victim=None):
+    """SIGKILL (the whole run, or one task) once a checkpoint inside an epoch exists."""
+    index = run_dir / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:
+        assert proc.poll() is None, "the run ended before a mid-epoch checkpoint"
+        assert time.monotonic() < deadline, "no mid-epoch checkpoint in time"
+        if index.exists():
+            latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or "ckpt-0"
+            if int(latest.rsplit("-", 1)[1]) % steps_per_epoch:
+                break
+        time.sleep(0.02)
+    if victim:
+        task = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == victim)
+        os.kill(task["pid"], signal.SIGKILL)
+    else:
+        for pid in subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)  # the launcher and its training process, as a power cut would
+    proc.communicate(timeout=60)
+
+
+def _assert_nothing_left(path):
+    found = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
+    assert found == [], f"processes left behind: {found}"
+
+
+@pytest.mark.parametrize("strategy, victim", [("default", None), ("multi_worker_mirrored", "worker-1")])
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, strategy, victim):
+    args = [f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=8192",
+            "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=3", "trainer.verbose=2",
+            *SGD_MLP[:-1], "trainer.checkpoint_every_steps=20"]  # 128 steps an epoch, 384 in all
+    out = run_cli(tmp_path / "whole", *args)
+    assert out.returncode == 0, out.stdout[-3000:]
+    run_dir = tmp_path / "stopped"
+    proc = _start(run_dir, *args)
+    try:
+        _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 128, victim)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert not (run_dir / "results.json").exists()
+    out = run_cli(run_dir, "trainer.resume=true")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert 0 < results["resumed_from_step"] < 384 and results["restarts"] == 1
+    assert f"resumed from global step {results['resumed_from_step']}" in out.stdout
+    assert max_difference(weights(tmp_path / "whole" / "checkpoints" / "ckpt-384"),
+                          weights(run_dir / "checkpoints" / "ckpt-384")) <= 1e-6
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert len(results["history"]["loss"]) == 3
+    np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], rtol=1e-5)
+    _assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("setup, args, message", [
+    ("none", [], "holds no earlier run (no config.yaml)"),
+    ("no checkpoint", [], "holds no checkpoint to resume from"),
+    ("ok", ["model=cnn"], "model=cnn contradicts the run being resumed, which has 'mlp'"),
+    ("ok", ["trainer.batch_size=32"], "trainer.batch_size=32 contradicts the run being resumed, which has 64"),
+    ("corrupt", [], "cannot be resumed"),
+])
+def test_bad_resumes_are_one_line(tmp_path, setup, args, message):
+    run_dir = tmp_path / "run"
+    base = ["data=synthetic", "data.train_examples=256", "data.test_examples=64", "trainer.epochs=1",
+            "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]
+    if setup != "none":
+        out = run_cli(run_dir, *base, f"trainer.save_model={setup != 'no checkpoint'}")
+        assert out.returncode == 0, out.stdout[-2000:]
+    if setup == "corrupt":
+        for data_file in (run_dir / "checkpoints").glob("ckpt-*.data-*"):
+            data_file.write_bytes(data_file.read_bytes()[:100])  # truncated, as a full disk leaves it
+    out = run_cli(run_dir, "trainer.resume=true", *args)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-2000:]
+    assert message in text and "Traceback" not in text
+    assert sum(line.startswith("error:") for line in text.splitlines()) == 1
+
+
+def test_an_incompatible_checkpoint_is_refused(tmp_path):
+    train(small("trainer.save_model=true", "model=mlp"), tmp_path)
+    with pytest.raises(ConfigError, match="cannot be resumed"):
+        train(small("trainer.resume=true", "model=cnn"), tmp_path)  # another model's variables
