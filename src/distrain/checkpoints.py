@@ -25,6 +25,7 @@ class Progress:
     totals: list = field(default_factory=lambda: [0.0, 0.0, 0.0])
     history: dict = field(default_factory=lambda: {"loss": [], "accuracy": []})
     epoch_seconds: list = field(default_factory=list)
+    seconds: float = 0.0  # spent training the current epoch so far
     restarts: int = 0  # times this run was resumed
     resumed_from_step: int | None = None
 
@@ -54,6 +55,16 @@ class Checkpoints:
             raise ConfigError(f"checkpoint {path} cannot be resumed ({reason}): it is corrupt or from another "
                               "model or optimizer; restore the run's own checkpoints or start a new run") from None
         return progress
+
+
+def resume(checkpoints: Checkpoints, directory: Path, steps_per_epoch: int) -> Progress:
+    """Restore the latest checkpoint in `directory`; the position to go on from, counted as a restart."""
+    progress = checkpoints.restore(directory)
+    progress.restarts += 1
+    progress.resumed_from_step = int(checkpoints.checkpoint.optimizer.iterations.numpy())
+    print(f"resumed from global step {progress.resumed_from_step} (epoch {progress.epoch + 1}, "
+          f"step {progress.step} of {steps_per_epoch})", flush=True)
+    return progress
 
 
 def read_position(path: str) -> Progress | None:

@@ -7,11 +7,15 @@ RESULTS = "results.json"
 STATUS = "status.json"
 
 
-def write_json(path: Path, content: dict) -> Path:
+def write_text(path: Path, text: str) -> Path:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(tmp, path)  # readers (sweep summaries, tests) never see half a file
+    tmp.write_text(text)
+    os.replace(tmp, path)  # readers (sweep summaries, tests, a resume) never see half a file
     return path
+
+
+def write_json(path: Path, content: dict) -> Path:
+    return write_text(path, json.dumps(content, indent=2) + "\n")
 
 
 def read_json(path: Path) -> dict | None:

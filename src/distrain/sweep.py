@@ -5,6 +5,7 @@ A job's row comes from its run directory: Hydra's `.hydra/overrides.yaml` (what 
 status.json (how it ended) and results.json (what it measured). No TensorFlow here.
 """
 import csv
+import io
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -64,7 +65,7 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
         text += ["", f"## Job {row['job']}: {row['status']}" + (f" (exit status {row['exit_status']})"
                                                                if row["exit_status"] not in ("", None) else ""),
                  "", row["error"] or "(no error line)", "", "```", *row["log_tail"], "```"]
-    (sweep_dir / "summary.md").write_text("\n".join(text) + "\n")
+    report.write_text(sweep_dir / "summary.md", "\n".join(text) + "\n")
     picture = plot(summary, sweep_dir / "scaling.png")
     print("\n".join([f"Sweep summary ({len(rows)} job(s), {len(summary.failed)} not ok): {sweep_dir}",
                      *summary.notes, table]), file=out)
@@ -195,13 +196,12 @@ def markdown(rows: list, columns: list) -> str:
 
 
 def _write_csv(path: Path, rows: list, columns: list) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*columns, "log_tail"], extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "log_tail": "\n".join(row["log_tail"])})
-    tmp.replace(path)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=[*columns, "log_tail"], extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**row, "log_tail": "\n".join(row["log_tail"])})
+    report.write_text(path, text.getvalue())
 
 
 def swept(hydra_config) -> str:

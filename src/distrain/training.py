@@ -9,7 +9,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from . import data as data_lib
-from .checkpoints import Checkpoints, Progress, read_position, segments
+from .checkpoints import Checkpoints, Progress, read_position, resume, segments
 from .config import ConfigError, check_batch_divides
 from .model import build_model, compile_model, hits, make_optimizer
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
@@ -66,11 +66,7 @@ def train(cfg, run_dir: Path, strategy=None):
     saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir, chief)) if t.save_model else None
     progress = Progress()
     if t.resume:  # every task reads the chief's checkpoints
-        progress = (saves or Checkpoints(model, optimizer, out_dir)).restore(checkpoint_dir(cfg, run_dir))
-        progress.restarts += 1
-        progress.resumed_from_step = int(optimizer.iterations.numpy())
-        print(f"resumed from global step {progress.resumed_from_step} (epoch {progress.epoch + 1}, "
-              f"step {progress.step} of {steps})", flush=True)
+        progress = resume(saves or Checkpoints(model, optimizer, out_dir), checkpoint_dir(cfg, run_dir), steps)
 
     if asynchronous:
         print(placement_table(model.variables + optimizer.variables, ps), flush=True)
@@ -89,32 +85,8 @@ def train(cfg, run_dir: Path, strategy=None):
         print(f"{steps} steps per epoch, up to {per_call} per tf.function call", flush=True)
 
     writer = tf.summary.create_file_writer(str(out_dir / "tensorboard" / "train")) if t.tensorboard else None
+    run_epochs(runner, progress, t, steps, per_call, saves, writer)
     history, epoch_seconds = progress.history, progress.epoch_seconds
-    for epoch in range(progress.epoch, t.epochs):
-        if runner.progress:
-            print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
-        start = time.perf_counter()
-        runner.begin(steps, progress.step, progress.totals)
-        for calls in segments(progress.step, steps, per_call, t.checkpoint_every_steps, epoch * steps):
-            runner.run(calls)
-            progress.step += sum(calls)
-            if saves and progress.step < steps:  # a checkpoint within the epoch
-                progress.totals = runner.totals()
-                saves.save(progress, epoch * steps + progress.step)
-        loss_sum, correct, examples = runner.end()
-        epoch_seconds.append(time.perf_counter() - start)
-        history["loss"].append(loss_sum / examples)
-        history["accuracy"].append(correct / examples)
-        progress.epoch, progress.step, progress.totals = epoch + 1, 0, [0.0, 0.0, 0.0]
-        if t.verbose and not runner.progress:
-            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.describe(steps)} - {epoch_seconds[-1]:.1f}s - "
-                  f"loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f}", flush=True)
-        if saves:
-            saves.save(progress, (epoch + 1) * steps)
-        if writer:
-            with writer.as_default(step=epoch):
-                for name, values in history.items():
-                    tf.summary.scalar(f"epoch_{name}", values[-1])
 
     global_steps = int(optimizer.iterations.numpy())
     if asynchronous:  # evaluate and save a copy of the trained weights, here on the coordinator
@@ -166,6 +138,39 @@ def train(cfg, run_dir: Path, strategy=None):
     if asynchronous:
         results["worker_steps"] = {str(i): n for i, n in enumerate(runner.worker_steps)}
     return results, model
+
+
+def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, writer) -> None:
+    """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
+    every epoch end and every t.checkpoint_every_steps global steps."""
+    history = progress.history
+    for epoch in range(progress.epoch, t.epochs):
+        if runner.progress:
+            print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
+        start = time.perf_counter()
+        runner.begin(steps, progress.step, progress.totals)
+        for calls in segments(progress.step, steps, per_call, t.checkpoint_every_steps, epoch * steps):
+            runner.run(calls)
+            progress.step += sum(calls)
+            if saves and progress.step < steps:  # a checkpoint within the epoch
+                progress.totals = runner.totals()
+                progress.seconds += time.perf_counter() - start
+                start = time.perf_counter()
+                saves.save(progress, epoch * steps + progress.step)
+        loss_sum, correct, examples = runner.end()
+        progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
+        history["loss"].append(loss_sum / examples)
+        history["accuracy"].append(correct / examples)
+        progress.epoch, progress.step, progress.totals, progress.seconds = epoch + 1, 0, [0.0, 0.0, 0.0], 0.0
+        if t.verbose and not runner.progress:
+            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.describe(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
+                  f"loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f}", flush=True)
+        if saves:
+            saves.save(progress, (epoch + 1) * steps)
+        if writer:
+            with writer.as_default(step=epoch):
+                for name, values in history.items():
+                    tf.summary.scalar(f"epoch_{name}", values[-1])
 
 
 def make_train_steps(strategy, model, optimizer, jit_compile: bool):
