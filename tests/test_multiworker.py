@@ -201,7 +201,7 @@ def test_multi_worker_mirrored_matches_one_device(tmp_path):
 def test_a_failed_worker_stops_a_synchronous_cluster(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
-                 "trainer.epochs=1000", "trainer.verbose=2", "trainer.save_model=false")
+                 "trainer.epochs=1000", "trainer.verbose=2", "trainer.save_model=false", "cluster.max_restarts=0")
     try:
         log = run_dir / "logs" / "worker-1.log"
         wait_until(lambda: log.exists() and "Epoch 2/" in log.read_text(), proc, "epoch 2")

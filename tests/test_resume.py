@@ -93,7 +93,7 @@ def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, proc, steps_per_epoch: int
     else:
         for pid in subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split():
             os.kill(int(pid), signal.SIGKILL)  # the launcher and its training process, as a power cut would
-    proc.communicate(timeout=60)
+    return proc.communicate(timeout=RUN_TIMEOUT)[0]
 
 
 def _assert_nothing_left(path):
@@ -101,27 +101,39 @@ def _assert_nothing_left(path):
     assert found == [], f"processes left behind: {found}"
 
 
-@pytest.mark.parametrize("strategy, victim", [("default", None), ("multi_worker_mirrored", "worker-1")])
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, strategy, victim):
+@pytest.mark.parametrize("strategy, victim, restarted_by", [
+    ("default", None, "user"),  # the whole run killed, resumed by hand
+    ("multi_worker_mirrored", "worker-1", "user"),  # cluster.max_restarts=0: the run fails, resumed by hand
+    ("multi_worker_mirrored", "worker-1", "launcher"),  # the launcher restarts the cluster by itself
+])
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, strategy, victim, restarted_by):
     args = [f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=8192",
             "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=3", "trainer.verbose=2",
             *SGD_MLP[:-1], "trainer.checkpoint_every_steps=20"]  # 128 steps an epoch, 384 in all
     out = run_cli(tmp_path / "whole", *args)
     assert out.returncode == 0, out.stdout[-3000:]
     run_dir = tmp_path / "stopped"
-    proc = _start(run_dir, *args)
+    proc = _start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
     try:
-        _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 128, victim)
+        out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 128, victim)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert not (run_dir / "results.json").exists()
-    out = run_cli(run_dir, "trainer.resume=true")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    if restarted_by == "user":
+        assert proc.returncode != 0 and not (run_dir / "results.json").exists()
+        out = run_cli(run_dir, "trainer.resume=true")
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        out = out.stdout
+    else:
+        assert proc.returncode == 0, out[-3000:]
+        assert "task worker-1 exited with status -9: restarting the cluster from its latest checkpoint" in out
+        cluster = json.loads((run_dir / "cluster.json").read_text())
+        assert cluster["restarts"] == [{"task": "worker-1", "exit_status": -9,
+                                        "restarted": "the cluster from its latest checkpoint"}]
     results = json.loads((run_dir / "results.json").read_text())
     assert 0 < results["resumed_from_step"] < 384 and results["restarts"] == 1
-    assert f"resumed from global step {results['resumed_from_step']}" in out.stdout
+    assert f"resumed from global step {results['resumed_from_step']}" in out
     assert max_difference(weights(tmp_path / "whole" / "checkpoints" / "ckpt-384"),
                           weights(run_dir / "checkpoints" / "ckpt-384")) <= 1e-6
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
@@ -158,3 +170,61 @@ def test_an_incompatible_checkpoint_is_refused(tmp_path):
     train(small("trainer.save_model=true", "model=mlp"), tmp_path)
     with pytest.raises(ConfigError, match="cannot be resumed"):
         train(small("trainer.resume=true", "model=cnn"), tmp_path)  # another model's variables
+
+
+def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
+                  "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2")
+    try:
+        chief_log = run_dir / "logs" / "chief-0.log"
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not (chief_log.exists() and "Epoch 2/6" in chief_log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "training never got going"
+            time.sleep(0.2)
+        ps = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == "ps-0")
+        os.kill(ps["pid"], signal.SIGKILL)
+        out = proc.communicate(timeout=RUN_TIMEOUT)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:]
+    assert "task ps-0 exited with status -9: restarting the cluster from its latest checkpoint" in out
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["restarts"] == 1 and results["resumed_from_step"] >= 128  # at least epoch 2's checkpoint
+    assert results["task_restarts"] == [{"task": "ps-0", "exit_status": -9,
+                                         "restarted": "the cluster from its latest checkpoint"}]
+    assert len(results["history"]["loss"]) == 6 and results["test_accuracy"] > 0.5
+    assert "--- restart 1 ---" in (run_dir / "logs" / "ps-0.log").read_text()  # the log goes on
+    _assert_nothing_left(tmp_path)
+
+
+def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
+                  "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=1",
+                  *SGD_MLP)
+    try:
+        log = run_dir / "logs" / "worker-0.log"
+        trained = [lambda text: "Epoch 2/50" in text,  # first attempt; then, restarted, an epoch after resuming
+                   lambda text: "Epoch " in text.partition("resumed from global step")[2]]
+        for attempt in (0, 1):  # the first death restarts the cluster, the second is one too many
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while not (log.exists() and trained[attempt](log.read_text())):
+                assert proc.poll() is None and time.monotonic() < deadline, "training never got going"
+                time.sleep(0.2)
+            worker = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]
+                          if t["name"] == "worker-1")
+            os.kill(worker["pid"], signal.SIGKILL)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0, out[-3000:]
+    assert ("error: task worker-1 exited with status -9 and the cluster was restarted 1 time(s) already "
+            "(cluster.max_restarts=1)") in out
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
+    assert json.loads((run_dir / "cluster.json").read_text())["tasks"][1]["restarts"] == 1
+    _assert_nothing_left(tmp_path)

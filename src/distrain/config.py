@@ -90,6 +90,10 @@ def validate(cfg: DictConfig) -> None:
         if cfg.cluster.isolate not in ("auto", True, False):
             raise ConfigError(f"cluster.isolate={cfg.cluster.isolate!r} must be auto, true or false: "
                               "set cluster.isolate=auto")
+        if isinstance(cfg.cluster.max_restarts, bool) or not isinstance(cfg.cluster.max_restarts, int) \
+                or cfg.cluster.max_restarts < 0:
+            raise ConfigError(f"cluster.max_restarts={cfg.cluster.max_restarts!r} must be 0 or more: "
+                              "set e.g. cluster.max_restarts=3")
         if cfg.cluster.startup_timeout <= 0:
             raise ConfigError(f"cluster.startup_timeout={cfg.cluster.startup_timeout} must be positive: "
                               "set e.g. cluster.startup_timeout=60")

@@ -62,19 +62,45 @@ class Job:
 
 @dataclass
 class Outcome:
-    """How a run ended: exit status, ok/failed/interrupted, and for a failure what went wrong."""
+    """How a run ended: exit status, ok/failed/interrupted, and for a failure what went wrong.
+    `restart`: the whole cluster should start again (from its latest checkpoint)."""
     code: int
     status: str = "ok"
     error: str = ""
     log_tail: list = field(default_factory=list)
+    restart: bool = False
+
+
+class Restarts:
+    """The restart budget of a local cluster (cluster.max_restarts), shared by all its tasks, and the
+    record of each restart. A task that exits with status 2 gave a configuration error: restarting it
+    would not help."""
+
+    def __init__(self, limit: int):
+        self.limit, self.done = limit, []
+
+    def allow(self, task, code: int) -> bool:
+        return code != 2 and len(self.done) < self.limit
+
+    def take(self, task, code: int, what: str) -> None:
+        self.done.append({"task": task.name, "exit_status": code, "restarted": what})
+        log.warning("task %s exited with status %d: restarting %s (restart %d of %d, cluster.max_restarts)",
+                    task.name, code, what, len(self.done), self.limit)
+
+    def exhausted(self, task, code: int) -> str:
+        return (f"task {task.name} exited with status {code} and the cluster was restarted "
+                f"{len(self.done)} time(s) already (cluster.max_restarts={self.limit}); "
+                "raise cluster.max_restarts, or read its log for why it keeps dying") if self.done else \
+            f"task {task.name} exited with status {code}"
 
 
 @dataclass
 class Task:
     """One child process. `name` prefixes its lines (when several share the terminal) and names its log.
 
-    main: the run is over once every main task has exited.  essential: its failure ends the run
-    (a parameter-server worker is not: the coordinator carries on with the others).
+    main: the run is over once every main task has exited.  essential: its failure ends the run,
+    or restarts the cluster (a parameter-server worker's does not: the coordinator carries on with
+    the others; nor does a sidecar evaluator's).
     """
     name: str
     argv: list
@@ -85,10 +111,12 @@ class Task:
     cores: set = None  # CPU affinity, when pinned
     proc: subprocess.Popen = None
     ready: bool = False
+    restarts: int = 0
 
     def start(self, run_dir: Path, prefix: str | None) -> None:
         self.log_path = run_dir / "logs" / f"{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ready = False
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = subprocess.Popen(
             self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -107,7 +135,9 @@ class Task:
         given, else as it comes (progress bars redraw in place). TensorFlow's start-up noise goes to
         the log only. The log keeps only the last state of lines redrawn with carriage returns."""
         out, pending, shown = sys.stdout.buffer, b"", 0  # shown: bytes of `pending` already on the terminal
-        with open(self.log_path, "wb") as logfile:
+        with open(self.log_path, "ab" if self.restarts else "wb") as logfile:  # a restart goes on in the same log
+            if self.restarts:
+                logfile.write(f"--- restart {self.restarts} ---\n".encode())
             for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
@@ -146,14 +176,15 @@ class Task:
         return {"name": self.name, "type": spec.type if spec else "local", "index": spec.index if spec else 0,
                 "address": spec.address if spec else None, "pid": self.proc.pid if self.proc else None,
                 "cores": sorted(self.cores) if self.cores else None,
-                "state": state, "log": str(self.log_path)}
+                "state": state, "restarts": self.restarts, "log": str(self.log_path)}
 
 
 def indented(lines: list) -> str:
     return "\n".join(f"    {line}" for line in lines) or "    (no output)"
 
 
-def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, job: Job | None = None) -> Outcome:
+def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, job: Job | None = None,
+              restarts: Restarts | None = None) -> Outcome:
     """Start the tasks and supervise them until the run is over.
 
     Over when every main task has exited (ok), an essential task fails (its status), tasks are not
@@ -176,9 +207,13 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                     continue
                 seen.add(task.name)
                 on_change and on_change("running")
+                if code and task.essential and restarts and restarts.allow(task, code):
+                    restarts.take(task, code, "the cluster from its latest checkpoint")
+                    outcome = Outcome(code, "restarting", f"task {task.name} exited with status {code}", restart=True)
+                    return outcome
                 if code and task.essential:
-                    outcome = Outcome(code, "failed", f"task {task.name} exited with status {code}",
-                                      task.log_tail())
+                    outcome = Outcome(code, "failed", restarts.exhausted(task, code) if restarts else
+                                      f"task {task.name} exited with status {code}", task.log_tail())
                     if len(tasks) > 1:  # its lines were mixed with the others': recap them
                         print(f"error: {outcome.error}; the end of its log ({task.log_path}):\n"
                               f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
@@ -270,13 +305,14 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
 
 
 def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) -> Outcome:
-    """Every task of the cluster as a process on this machine, inside a private network if possible."""
+    """Every task of the cluster as a process on this machine, inside a private network if possible.
+
+    An essential task that dies restarts the whole cluster, which resumes from its latest checkpoint
+    (every synchronous worker needs every other; the ps tasks hold the only copy of the variables),
+    up to cluster.max_restarts times in all."""
     c, strategy = cfg.cluster, cfg.strategy.name
-    spec = cluster_lib.local_spec(strategy, c.workers, c.ps)
-    # The evaluator is known to itself but not to the training tasks: strategies need not wait for it.
-    evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}") \
-        if c.evaluator else None
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
+    restarts = Restarts(c.max_restarts)
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
             cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
         if not net.available:
@@ -290,32 +326,64 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
                         net.reason)
         if cores.shared:
             log.warning("cluster.pin_workers: %s", cores.shared)
-        tasks = []
-        for task_type, addresses in spec.items():
-            for index, address in enumerate(addresses):
-                task = cluster_lib.TaskSpec(task_type, index, address)
-                # The chief coordinates parameter servers and needs few threads; workers share the cores.
-                env = {**cluster_lib.task_env(spec, task),
-                       **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
-                serves = strategy == "parameter_server" and task_type != "chief"
-                pinned = None
-                if c.pin_workers and task_type == "worker":
-                    pinned = cluster_lib.worker_cores(index, per_worker, cores.cores)
-                tasks.append(Task(task.name, net.wrap(argv), env, main=not serves,
-                                  essential=not (serves and task_type == "worker"), spec=task, cores=pinned))
-        if evaluator:
-            env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
-                   **cluster_lib.thread_caps("evaluator", c.workers)}
-            tasks.append(Task(evaluator.name, net.wrap(argv), env, essential=False, spec=evaluator))
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
-        log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
+        while True:
+            spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker)
+            for task in tasks:  # after a restart of the cluster, each task's log goes on
+                task.restarts = len(restarts.done)
+            log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
 
-        def write_cluster_json(status: str):
-            state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
-                     "tasks": [t.describe() for t in tasks if t.proc]}
-            report.write_json(run_dir / "cluster.json", state)
+            def write_cluster_json(status: str):
+                state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
+                         "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}
+                report.write_json(run_dir / "cluster.json", state)
 
-        return run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json, job=job)
+            outcome = run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
+                                job=job, restarts=restarts)
+            if not outcome.restart:
+                _record_restarts(run_dir, restarts)
+                return outcome
+            cfg = _resuming(cfg, run_dir)
+
+
+def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int) -> tuple[dict, list]:
+    """The cluster spec (ports picked free) and a Task for each of its tasks."""
+    c, strategy = cfg.cluster, cfg.strategy.name
+    spec = cluster_lib.local_spec(strategy, c.workers, c.ps)
+    tasks = []
+    for task_type, addresses in spec.items():
+        for index, address in enumerate(addresses):
+            task = cluster_lib.TaskSpec(task_type, index, address)
+            # The chief coordinates parameter servers and needs few threads; workers share the cores.
+            env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
+            serves = strategy == "parameter_server" and task_type != "chief"
+            pinned = cluster_lib.worker_cores(index, per_worker, cores) if c.pin_workers and task_type == "worker" else None
+            tasks.append(Task(task.name, net.wrap(argv), env, main=not serves,
+                              essential=not (serves and task_type == "worker"), spec=task, cores=pinned))
+    if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
+        evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
+        env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
+               **cluster_lib.thread_caps("evaluator", c.workers)}
+        tasks.append(Task(evaluator.name, net.wrap(argv), env, essential=False, spec=evaluator))
+    return spec, tasks
+
+
+def _resuming(cfg, run_dir: Path):
+    """The config for a restarted cluster: resume from the latest checkpoint if there is one."""
+    directory = Path(cfg.trainer.checkpoint_dir or run_dir / "checkpoints")
+    if not (directory / "checkpoint").exists():
+        log.warning("no checkpoint yet in %s: the cluster starts from the beginning", directory)
+        return cfg
+    cfg = OmegaConf.merge(cfg, {"trainer": {"resume": True}})
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # what the restarted tasks read
+    return cfg
+
+
+def _record_restarts(run_dir: Path, restarts: Restarts) -> None:
+    """The launcher's restarts, added to the chief's results.json."""
+    results = report.read_results(run_dir)
+    if results is not None and restarts.done:
+        report.write_results(run_dir, {**results, "task_restarts": restarts.done})
 
 
 def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:
