@@ -69,6 +69,8 @@ def test_multirun_sweeps_replicas_each_in_a_fresh_process(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["strategy=nope"], "Could not find 'strategy/nope'"),
     (["trainer.epochs=-1"], "error: trainer.epochs=-1 must be a positive integer"),
+    (["trainer.learning_rate=nan"], "error: trainer.learning_rate=nan must be a finite positive number"),
+    (["trainer.learning_rate=inf"], "error: trainer.learning_rate=inf must be a finite positive number"),
     (["strategy=mirrored", "strategy.cpu_virtual_devices=3"], "must divide evenly over 3 replicas"),
     (["strategy=one_device", "strategy.device=/gpu:7"], "error: device /gpu:7 is not on this machine"),
     (["data=mnist", "data.source=idx", "data.path=/nonexistent"], "error: data.path=/nonexistent is not a directory"),

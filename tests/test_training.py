@@ -1,4 +1,6 @@
 """Every single-machine strategy trains in-process on 2 virtual CPUs; sync training is exact."""
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -97,3 +99,26 @@ def test_float16_policy_scales_the_loss(tmp_path, monkeypatch):
     assert isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
     assert model.layers[2].compute_dtype == "float16"
     assert results["history"]["loss"][1] < results["history"]["loss"][0] and results["test_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_a_diverging_run_stops_at_the_step_it_diverges(tmp_path, strategy):
+    config = small(f"strategy={strategy}", "strategy.cpu_virtual_devices=2", "model=mlp", "optimizer=sgd",
+                   "trainer.learning_rate=1e9", "trainer.epochs=3", "trainer.save_model=true",
+                   "trainer.checkpoint_every_steps=1")
+    with pytest.raises(ConfigError, match=r"loss became NaN or infinite in epoch 1, step (\d+) .*lower "
+                                          r"trainer.learning_rate \(now 1000000000.0\)") as stopped:
+        train(config, tmp_path)
+    step = int(re.search(r"step (\d+)", str(stopped.value)).group(1))
+    assert 1 <= step < 16  # within the first epoch, not at its end
+    # Only the checkpoints before the divergence were written: every one of them holds finite weights.
+    kept = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").glob("ckpt-*.index"))
+    assert kept == list(range(max(1, step - 3), step))
+    for number in kept:
+        reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints" / f"ckpt-{number}"))
+        assert all(np.isfinite(reader.get_tensor(n)).all() for n in reader.get_variable_to_shape_map()
+                   if n.startswith("model/"))
+    # Control: with the check off the same run goes on to the end, with a NaN loss.
+    results, _ = train(small(f"strategy={strategy}", "strategy.cpu_virtual_devices=2", "model=mlp",
+                             "optimizer=sgd", "trainer.learning_rate=1e9", "trainer.stop_on_nan=false"), tmp_path)
+    assert not np.isfinite(results["history"]["loss"][-1])

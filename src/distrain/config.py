@@ -1,4 +1,5 @@
 """Checks on the composed config that need no TensorFlow, so bad input fails in a second."""
+import math
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +19,10 @@ OmegaConf.register_new_resolver("distrain.mul", lambda a, b: a * b, replace=True
 
 class ConfigError(Exception):
     """Bad input: the message is one line naming the problem and the fix."""
+
+
+class Diverged(ConfigError):
+    """The loss became NaN or infinite: training stops there, since going on cannot help."""
 
 
 def _positive_int(value, key):
@@ -54,8 +59,9 @@ def validate(cfg: DictConfig) -> None:
         _positive_int(t[key], f"trainer.{key}")
     if t.checkpoint_every_steps != 0:
         _positive_int(t.checkpoint_every_steps, "trainer.checkpoint_every_steps")
-    if not isinstance(t.learning_rate, (int, float)) or t.learning_rate <= 0:
-        raise ConfigError(f"trainer.learning_rate={t.learning_rate!r} must be a positive number: "
+    if isinstance(t.learning_rate, bool) or not isinstance(t.learning_rate, (int, float)) \
+            or not math.isfinite(t.learning_rate) or t.learning_rate <= 0:
+        raise ConfigError(f"trainer.learning_rate={t.learning_rate!r} must be a finite positive number: "
                           "set e.g. trainer.learning_rate=0.001")
     vdev = cfg.strategy.get("cpu_virtual_devices", 0)
     if isinstance(vdev, bool) or not isinstance(vdev, int) or vdev < 0:

@@ -10,7 +10,7 @@ import tf_keras as keras
 
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
-from .config import ConfigError, check_batch_divides
+from .config import ConfigError, Diverged, check_batch_divides
 from .model import build_model, compile_model, hits, make_optimizer
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
 
@@ -144,13 +144,19 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
     """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
     every epoch end and every t.checkpoint_every_steps global steps."""
     history = progress.history
+
+    def diverged(epoch: int, step: int):  # before any checkpoint of the diverged weights
+        raise Diverged(f"the training loss became NaN or infinite in epoch {epoch + 1}, step {step} (global step "
+                       f"{epoch * steps + step}): lower trainer.learning_rate (now {t.learning_rate}), or with "
+                       "trainer.mixed_precision use float32; the checkpoints written before it are kept")
+
     for epoch in range(progress.epoch, t.epochs):
         if runner.progress:
             print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
         start = time.perf_counter()
         runner.begin(steps, progress.step, progress.totals)
         for calls in segments(progress.step, steps, per_call, t.checkpoint_every_steps, epoch * steps):
-            runner.run(calls)
+            runner.run(calls, on_nan=(lambda step, e=epoch: diverged(e, step)) if t.stop_on_nan else None)
             progress.step += sum(calls)
             if saves and progress.step < steps:  # a checkpoint within the epoch
                 progress.totals = runner.totals()
@@ -227,10 +233,14 @@ class SyncEpochs:
         if self.bar and done:
             self.bar.update(done)
 
-    def run(self, calls: list) -> None:
+    def run(self, calls: list, on_nan=None) -> None:
+        """The calls; on_nan(step) as soon as this worker's loss is no number (the workers share their
+        weights, so they diverge together)."""
         for steps in calls:
             self.local += self.train_steps(self.iterator, tf.constant(steps))
             self.done += steps
+            if on_nan and not np.isfinite(self.local[0].numpy()):
+                on_nan(self.done)
             if self.bar and self.done < self.bar.target:  # this worker's running values
                 self.bar.update(self.done, bar_values(self.local + self.carried), finalize=False)
 
@@ -280,9 +290,10 @@ class AsyncEpochs:
         self.scheduled = scheduled
 
     def begin(self, steps: int, done: int, carried: list) -> None:
-        self.sums = np.array(carried, np.float64)
+        self.sums, self.done = np.array(carried, np.float64), done
 
-    def run(self, calls: list) -> None:
+    def run(self, calls: list, on_nan=None) -> None:
+        """The calls, scheduled at once and joined; on_nan(step) if the loss is then no number."""
         remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
                   for steps in calls]
         self.coordinator.join()
@@ -290,6 +301,9 @@ class AsyncEpochs:
             worker, worker_totals = value.fetch()
             self.worker_steps[int(worker)] += steps
             self.sums += worker_totals
+        self.done += sum(calls)
+        if on_nan and not np.isfinite(self.sums[0]):
+            on_nan(self.done)
 
     def totals(self) -> list:
         return self.sums.tolist()
