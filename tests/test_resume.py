@@ -4,6 +4,7 @@ strategies ends with the same weights as a run that was never stopped (model=mlp
 Multi-process tests are bounded in time and check that no process they caused is left behind.
 """
 import json
+import re
 import os
 import signal
 import subprocess
@@ -228,3 +229,34 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert json.loads((run_dir / "cluster.json").read_text())["tasks"][1]["restarts"] == 1
     _assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("strategy, log_name", [("default", "train"), ("parameter_server", "chief-0")])
+def test_sigterm_checkpoints_the_step_it_stopped_at_and_resume_starts_there(tmp_path, strategy, log_name):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=16384",
+                  "trainer.epochs=20", "trainer.verbose=2", "trainer.checkpoint_every_steps=1000", *SGD_MLP[:-1])
+    try:
+        log = run_dir / "logs" / f"{log_name}.log"
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not (log.exists() and "Epoch 2/20" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "training never got going"
+            time.sleep(0.1)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+        stopped_in = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, out[-3000:]
+    assert stopped_in < 15  # every process gone well within the grace period
+    step = int(re.search(r"stopped by SIGTERM at global step (\d+): checkpoint saved", out).group(1))
+    # 16384 // 128 = 128 steps an epoch; stopped after epoch 2, at a step with no periodic checkpoint.
+    assert 256 <= step < 512 and tf.train.latest_checkpoint(str(run_dir / "checkpoints")).endswith(f"ckpt-{step}")
+    _assert_nothing_left(tmp_path)
+    out = run_cli(run_dir, "trainer.resume=true", "trainer.epochs=4")
+    assert out.returncode == 0, out.stdout[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["resumed_from_step"] == step and results["global_steps"] == 4 * 128

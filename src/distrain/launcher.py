@@ -255,18 +255,22 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
 
 
 def stop_all(tasks: list) -> None:
-    """SIGTERM every task still running, then SIGKILL what has not ended within one grace period."""
-    for task in tasks:
-        task.stop()
+    """SIGTERM every task still running, then SIGKILL what has not ended within one grace period.
+
+    The tasks that train go first: on SIGTERM they finish the step under way and checkpoint it, which
+    under parameter servers needs the ps and worker servers, stopped only then."""
     deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for task in tasks:
-        if task.proc is None:
-            continue
-        try:
-            task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            task.stop(signal.SIGKILL)
-            task.proc.wait()
+    for group in ([t for t in tasks if t.main], [t for t in tasks if not t.main]):
+        for task in group:
+            task.stop()
+        for task in group:
+            if task.proc is None:
+                continue
+            try:
+                task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                task.stop(signal.SIGKILL)
+                task.proc.wait()
 
 
 def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:

@@ -5,6 +5,7 @@ under parameter servers, ps and worker tasks serve and wait while the chief (coo
 under multi-worker mirrored, every worker trains and the chief (worker 0) reports.
 """
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import report
 from .config import CLUSTER_STRATEGIES, ConfigError
-from .process import die_with_parent
+from .process import Preempted, Preemption, die_with_parent
 
 
 def main(argv=None) -> int:
@@ -38,10 +39,16 @@ def main(argv=None) -> int:
         if task:
             print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})",
                   flush=True)
+        if cfg.strategy.name != "multi_worker_mirrored":
+            Preemption.watch()
         results, _ = train(cfg, run_dir, strategy)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except Preempted as exc:
+        saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
+        print(f"stopped by SIGTERM at global step {exc}: {saved}; go on with trainer.resume=true", flush=True)
+        return 128 + signal.SIGTERM
     if is_chief(strategy):
         report.write_results(run_dir, results)
         print(report.summary_line(results), flush=True)

@@ -10,6 +10,7 @@ import tf_keras as keras
 
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
+from .process import Preempted, Preemption
 from .config import ConfigError, Diverged, check_batch_divides
 from .model import build_model, compile_model, hits, make_optimizer
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
@@ -156,13 +157,15 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
         start = time.perf_counter()
         runner.begin(steps, progress.step, progress.totals)
         for calls in segments(progress.step, steps, per_call, t.checkpoint_every_steps, epoch * steps):
-            runner.run(calls, on_nan=(lambda step, e=epoch: diverged(e, step)) if t.stop_on_nan else None)
-            progress.step += sum(calls)
-            if saves and progress.step < steps:  # a checkpoint within the epoch
+            progress.step += runner.run(calls, on_nan=(lambda step, e=epoch: diverged(e, step)) if t.stop_on_nan
+                                        else None, stop=lambda: Preemption.requested)
+            if saves and progress.step < steps:  # a checkpoint within the epoch (due, or preempted)
                 progress.totals = runner.totals()
                 progress.seconds += time.perf_counter() - start
                 start = time.perf_counter()
                 saves.save(progress, epoch * steps + progress.step)
+            if Preemption.requested and progress.step < steps:
+                raise Preempted(epoch * steps + progress.step)
         loss_sum, correct, examples = runner.end()
         progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
         history["loss"].append(loss_sum / examples)
@@ -173,6 +176,8 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
                   f"loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f}", flush=True)
         if saves:
             saves.save(progress, (epoch + 1) * steps)
+        if Preemption.requested and epoch + 1 < t.epochs:
+            raise Preempted((epoch + 1) * steps)
         if writer:
             with writer.as_default(step=epoch):
                 for name, values in history.items():
@@ -233,16 +238,20 @@ class SyncEpochs:
         if self.bar and done:
             self.bar.update(done)
 
-    def run(self, calls: list, on_nan=None) -> None:
-        """The calls; on_nan(step) as soon as this worker's loss is no number (the workers share their
-        weights, so they diverge together)."""
+    def run(self, calls: list, on_nan=None, stop=None) -> int:
+        """The calls, or those before stop() says to stop; the steps they ran. on_nan(step) as soon as
+        this worker's loss is no number (the workers share their weights, so they diverge together)."""
+        ran = 0
         for steps in calls:
             self.local += self.train_steps(self.iterator, tf.constant(steps))
-            self.done += steps
+            self.done, ran = self.done + steps, ran + steps
             if on_nan and not np.isfinite(self.local[0].numpy()):
                 on_nan(self.done)
             if self.bar and self.done < self.bar.target:  # this worker's running values
                 self.bar.update(self.done, bar_values(self.local + self.carried), finalize=False)
+            if stop and stop():
+                break
+        return ran
 
     def totals(self) -> list:
         """[loss sum, correct, examples] of the epoch so far over every worker (all of them must ask)."""
@@ -292,8 +301,9 @@ class AsyncEpochs:
     def begin(self, steps: int, done: int, carried: list) -> None:
         self.sums, self.done = np.array(carried, np.float64), done
 
-    def run(self, calls: list, on_nan=None) -> None:
-        """The calls, scheduled at once and joined; on_nan(step) if the loss is then no number."""
+    def run(self, calls: list, on_nan=None, stop=None) -> int:
+        """The calls, scheduled at once and joined (so all of them run); on_nan(step) if the loss is
+        then no number. Returns the steps run."""
         remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
                   for steps in calls]
         self.coordinator.join()
@@ -304,6 +314,7 @@ class AsyncEpochs:
         self.done += sum(calls)
         if on_nan and not np.isfinite(self.sums[0]):
             on_nan(self.done)
+        return sum(calls)
 
     def totals(self) -> list:
         return self.sums.tolist()
