@@ -1,6 +1,8 @@
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,60 @@ def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, env_extra=None, **kwargs)
     return subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=run_dir.parent,
                           **kwargs)
+
+
+# Multi-process runs: start, wait, stop, and check that nothing is left behind.
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def task_pids(run_dir):
+    return [t["pid"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]]
+
+
+def kill_task(run_dir, name: str, sig=9) -> None:
+    """Send `sig` (SIGKILL) to one task of a local cluster, found in cluster.json."""
+    task = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == name)
+    os.kill(task["pid"], sig)
+
+
+def assert_nothing_left(run_dir):
+    """No process whose command line names run_dir (a run, a sweep, a test's tmp_path), nor any task
+    cluster.json lists, is still running."""
+    found = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    assert found == [], f"processes left behind: {found}"
+    if (run_dir / "cluster.json").exists():
+        assert not [pid for pid in task_pids(run_dir) if alive(pid)]
+
+
+def start(run_dir, *args, env=None):
+    return subprocess.Popen([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=run_dir.parent)
+
+
+def wait_until(predicate, proc, what, timeout=RUN_TIMEOUT, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
+def finish(proc, timeout=RUN_TIMEOUT):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return out
+
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -38,7 +38,7 @@ def test_strategy_group_has_the_contracted_names():
     (["trainer.epochs=0"], "trainer.epochs=0 must be a positive integer"),
     (["trainer.batch_size=-8"], "trainer.batch_size=-8 must be a positive integer"),
     (["trainer.steps_per_execution=0"], "trainer.steps_per_execution=0"),
-    (["trainer.learning_rate=-1"], "trainer.learning_rate=-1 must be a positive number"),
+    (["trainer.learning_rate=-1"], "trainer.learning_rate=-1 must be a finite positive number"),
     (["optimizer=rmsprop"], "optimizer='rmsprop' is not one of adam, sgd"),
     (["data.source=s3"], "data.source='s3' is not one of"),
     (["data.source=idx"], "data.source=idx needs data.path"),

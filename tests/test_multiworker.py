@@ -6,9 +6,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import portpicker
@@ -17,52 +14,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 from distrain.training import train
-from conftest import RUN_TIMEOUT, TRAIN_PY, make_cfg, run_cli
+from conftest import alive, assert_nothing_left, finish, make_cfg, run_cli, start, task_pids, wait_until
 
 BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def task_pids(run_dir):
-    return [t["pid"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]]
-
-
-def assert_nothing_left(run_dir):
-    found = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
-    assert found == [], f"processes left behind: {found}"
-    if (run_dir / "cluster.json").exists():
-        assert not [pid for pid in task_pids(run_dir) if alive(pid)]
-
-
-def start(run_dir, *args, env=None):
-    return subprocess.Popen([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            cwd=run_dir.parent)
-
-
-def wait_until(predicate, proc, what, timeout=RUN_TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.poll() is None, f"exited ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def finish(proc, timeout=RUN_TIMEOUT):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return out
 
 
 def test_multi_worker_mirrored_two_workers_learn(tmp_path):

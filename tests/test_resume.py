@@ -8,7 +8,6 @@ import re
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import RUN_TIMEOUT, TRAIN_PY, run_cli, small
+from conftest import assert_nothing_left, finish, kill_task, run_cli, small, start, wait_until
 from distrain import training
 from distrain.config import ConfigError
 from distrain.training import train
@@ -47,11 +46,11 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypat
     calls = {"n": 0}
     run = training.SyncEpochs.run
 
-    def crash_after_23_steps(self, calls_list):  # the 4th segment of epoch 2 never runs
+    def crash_after_23_steps(self, calls_list, **kwargs):  # the 4th segment of epoch 2 never runs
         calls["n"] += sum(calls_list)
         if calls["n"] > 23:
             raise Crash()
-        run(self, calls_list)
+        return run(self, calls_list, **kwargs)
 
     monkeypatch.setattr(training.SyncEpochs, "run", crash_after_23_steps)
     with pytest.raises(Crash):
@@ -71,35 +70,19 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypat
     assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3
 
 
-def _start(run_dir, *args):
-    return subprocess.Popen([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=run_dir.parent)
-
-
 def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, proc, steps_per_epoch: int, victim=None):
     """SIGKILL (the whole run, or one task) once a checkpoint inside an epoch exists."""
-    index = run_dir / "checkpoints" / "checkpoint"
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while True:
-        assert proc.poll() is None, "the run ended before a mid-epoch checkpoint"
-        assert time.monotonic() < deadline, "no mid-epoch checkpoint in time"
-        if index.exists():
-            latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or "ckpt-0"
-            if int(latest.rsplit("-", 1)[1]) % steps_per_epoch:
-                break
-        time.sleep(0.02)
+    def mid_epoch():
+        latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or "ckpt-0"
+        return int(latest.rsplit("-", 1)[1]) % steps_per_epoch != 0
+
+    wait_until(mid_epoch, proc, "a mid-epoch checkpoint", interval=0.02)
     if victim:
-        task = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == victim)
-        os.kill(task["pid"], signal.SIGKILL)
+        kill_task(run_dir, victim)
     else:
         for pid in subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split():
             os.kill(int(pid), signal.SIGKILL)  # the launcher and its training process, as a power cut would
-    return proc.communicate(timeout=RUN_TIMEOUT)[0]
-
-
-def _assert_nothing_left(path):
-    found = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
-    assert found == [], f"processes left behind: {found}"
+    return finish(proc)
 
 
 @pytest.mark.parametrize("strategy, victim, restarted_by", [
@@ -114,13 +97,8 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     out = run_cli(tmp_path / "whole", *args)
     assert out.returncode == 0, out.stdout[-3000:]
     run_dir = tmp_path / "stopped"
-    proc = _start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
-    try:
-        out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 128, victim)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc = start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
+    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 128, victim)
     if restarted_by == "user":
         assert proc.returncode != 0 and not (run_dir / "results.json").exists()
         out = run_cli(run_dir, "trainer.resume=true")
@@ -140,7 +118,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
     assert len(results["history"]["loss"]) == 3
     np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], rtol=1e-5)
-    _assert_nothing_left(tmp_path)
+    assert_nothing_left(tmp_path)
 
 
 @pytest.mark.parametrize("setup, args, message", [
@@ -175,21 +153,14 @@ def test_an_incompatible_checkpoint_is_refused(tmp_path):
 
 def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                  "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2")
+    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
+                 "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2")
+    chief_log = run_dir / "logs" / "chief-0.log"
     try:
-        chief_log = run_dir / "logs" / "chief-0.log"
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while not (chief_log.exists() and "Epoch 2/6" in chief_log.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, "training never got going"
-            time.sleep(0.2)
-        ps = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == "ps-0")
-        os.kill(ps["pid"], signal.SIGKILL)
-        out = proc.communicate(timeout=RUN_TIMEOUT)[0]
+        wait_until(lambda: chief_log.exists() and "Epoch 2/6" in chief_log.read_text(), proc, "epoch 2")
+        kill_task(run_dir, "ps-0")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
     assert "task ps-0 exited with status -9: restarting the cluster from its latest checkpoint" in out
     results = json.loads((run_dir / "results.json").read_text())
@@ -198,64 +169,50 @@ def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_pa
                                          "restarted": "the cluster from its latest checkpoint"}]
     assert len(results["history"]["loss"]) == 6 and results["test_accuracy"] > 0.5
     assert "--- restart 1 ---" in (run_dir / "logs" / "ps-0.log").read_text()  # the log goes on
-    _assert_nothing_left(tmp_path)
+    assert_nothing_left(tmp_path)
 
 
 def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
-                  "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=1",
-                  *SGD_MLP)
+    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
+                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=1",
+                 *SGD_MLP)
+    log = run_dir / "logs" / "worker-0.log"
+    trained = [lambda text: "Epoch 2/50" in text,  # first attempt; then, restarted, an epoch after resuming
+               lambda text: "Epoch " in text.partition("resumed from global step")[2]]
     try:
-        log = run_dir / "logs" / "worker-0.log"
-        trained = [lambda text: "Epoch 2/50" in text,  # first attempt; then, restarted, an epoch after resuming
-                   lambda text: "Epoch " in text.partition("resumed from global step")[2]]
         for attempt in (0, 1):  # the first death restarts the cluster, the second is one too many
-            deadline = time.monotonic() + RUN_TIMEOUT
-            while not (log.exists() and trained[attempt](log.read_text())):
-                assert proc.poll() is None and time.monotonic() < deadline, "training never got going"
-                time.sleep(0.2)
-            worker = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]
-                          if t["name"] == "worker-1")
-            os.kill(worker["pid"], signal.SIGKILL)
-        out = proc.communicate(timeout=60)[0]
+            wait_until(lambda: log.exists() and trained[attempt](log.read_text()), proc, f"attempt {attempt + 1}")
+            kill_task(run_dir, "worker-1")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out = finish(proc, timeout=60)
     assert proc.returncode != 0, out[-3000:]
     assert ("error: task worker-1 exited with status -9 and the cluster was restarted 1 time(s) already "
             "(cluster.max_restarts=1)") in out
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert json.loads((run_dir / "cluster.json").read_text())["tasks"][1]["restarts"] == 1
-    _assert_nothing_left(tmp_path)
+    assert_nothing_left(tmp_path)
 
 
 @pytest.mark.parametrize("strategy, log_name", [("default", "train"), ("parameter_server", "chief-0")])
 def test_sigterm_checkpoints_the_step_it_stopped_at_and_resume_starts_there(tmp_path, strategy, log_name):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=16384",
-                  "trainer.epochs=20", "trainer.verbose=2", "trainer.checkpoint_every_steps=1000", *SGD_MLP[:-1])
+    proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=16384",
+                 "trainer.epochs=20", "trainer.verbose=2", "trainer.checkpoint_every_steps=1000", *SGD_MLP[:-1])
+    log = run_dir / "logs" / f"{log_name}.log"
     try:
-        log = run_dir / "logs" / f"{log_name}.log"
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while not (log.exists() and "Epoch 2/20" in log.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, "training never got going"
-            time.sleep(0.1)
+        wait_until(lambda: log.exists() and "Epoch 2/20" in log.read_text(), proc, "epoch 2", interval=0.1)
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=60)[0]
-        stopped_in = time.monotonic() - started
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out = finish(proc, timeout=60)
+    stopped_in = time.monotonic() - started
     assert proc.returncode == 143, out[-3000:]
     assert stopped_in < 15  # every process gone well within the grace period
     step = int(re.search(r"stopped by SIGTERM at global step (\d+): checkpoint saved", out).group(1))
     # 16384 // 128 = 128 steps an epoch; stopped after epoch 2, at a step with no periodic checkpoint.
     assert 256 <= step < 512 and tf.train.latest_checkpoint(str(run_dir / "checkpoints")).endswith(f"ckpt-{step}")
-    _assert_nothing_left(tmp_path)
+    assert_nothing_left(tmp_path)
     out = run_cli(run_dir, "trainer.resume=true", "trainer.epochs=4")
     assert out.returncode == 0, out.stdout[-3000:]
     results = json.loads((run_dir / "results.json").read_text())

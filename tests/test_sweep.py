@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import RUN_TIMEOUT, TRAIN_PY
+from conftest import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
 from distrain import cluster, launcher, sweep
 
 TINY = ["data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
@@ -28,11 +28,6 @@ def multirun(sweep_dir: Path, *args, timeout=RUN_TIMEOUT):
     env = {**os.environ, "KERAS_HOME": str(sweep_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0"}
     return subprocess.run([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=sweep_dir.parent)
-
-
-def assert_nothing_left(path: Path):
-    found = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
-    assert found == [], f"processes left behind: {found}"
 
 
 def read_csv(path: Path) -> list:
