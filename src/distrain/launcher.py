@@ -407,7 +407,7 @@ def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:
         else:
             log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
                       f" - {outcome.error}" if outcome.error else "")
-    elif outcome.code:
+    elif outcome.code and (run_dir / "logs").exists():  # (a run refused before it started said why already)
         log.error("the run %s with exit status %d; logs in %s",
                   "was interrupted" if outcome.status == "interrupted" else "failed", outcome.code, run_dir / "logs")
     return outcome.code
