@@ -143,7 +143,6 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
         mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(saved, key)
         if isinstance(mine, DictConfig):  # a group choice such as model=mlp: compare the options' names
             mine, theirs = mine.get("name"), theirs.get("name") if isinstance(theirs, DictConfig) else theirs
-            key = f"{key} (option)"
         if mine != theirs:
             raise ConfigError(f"{override} contradicts the run being resumed, which has {theirs!r} there "
                               f"({saved_path}): drop the override, or start a new run without trainer.resume")

@@ -10,9 +10,9 @@ import tf_keras as keras
 
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
-from .process import Preempted, Preemption
 from .config import ConfigError, Diverged, check_batch_divides
 from .model import build_model, compile_model, hits, make_optimizer
+from .process import Preempted, Preemption
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
 
 
