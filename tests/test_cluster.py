@@ -1,5 +1,6 @@
 """Cluster specs from every source, their one-line errors, and the private network (no TensorFlow)."""
 import json
+import time
 import socket
 import subprocess
 import sys
@@ -86,8 +87,6 @@ def test_local_cluster_config_errors():
         validate(make_cfg("strategy=multi_worker_mirrored", "cluster.workers=0"))
     with pytest.raises(ConfigError, match="over 3 replicas"):
         validate(make_cfg("strategy=multi_worker_mirrored", "cluster.workers=3"))
-    with pytest.raises(ConfigError, match="strategy.communication='mpi'"):
-        validate(make_cfg("strategy=multi_worker_mirrored", "strategy.communication=mpi"))
 
 
 def test_port_in_use_is_named():
@@ -139,3 +138,35 @@ def test_private_network_can_be_turned_off():
 def test_pinned_workers_get_cores_of_their_own():
     assert [cluster.worker_cores(i, 1, cores=[0, 1]) for i in range(3)] == [{0}, {1}, {0}]
     assert [cluster.worker_cores(i, 2, cores=[0, 1, 2, 3]) for i in range(2)] == [{0, 1}, {2, 3}]
+
+
+def _free_ports(n):
+    import portpicker
+    return [portpicker.pick_unused_port() for _ in range(n)]
+
+
+@pytest.mark.parametrize("role", ["mwms-worker", "ps-chief"])
+def test_a_task_whose_peers_never_come_fails_in_bounded_time_naming_them(tmp_path, role):
+    """cluster=manual: a multi_worker_mirrored worker whose peer never starts, and a parameter-server
+    chief whose ps and worker are down, stop after cluster.startup_timeout naming the silent peers."""
+    from conftest import assert_nothing_left, run_cli
+
+    a, b, c = (f"127.0.0.1:{p}" for p in _free_ports(3))
+    if role == "mwms-worker":
+        args = ["strategy=multi_worker_mirrored", f"cluster.worker_hosts=[{a},{b}]", "cluster.task_type=worker"]
+        silent = [f"worker-1 ({b}"]
+    else:
+        args = ["strategy=parameter_server", f"cluster.worker_hosts=[{a}]", f"cluster.ps_hosts=[{b}]",
+                f"cluster.chief_host={c}", "cluster.task_type=chief"]
+        silent = [f"worker-0 ({a}", f"ps-0 ({b}"]
+    started = time.monotonic()
+    out = run_cli(tmp_path / "run", "cluster=manual", *args, "cluster.startup_timeout=8", "data=synthetic",
+                  timeout=120)
+    seconds = time.monotonic() - started
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 1 and len(errors) == 1, out.stderr[-3000:]
+    assert "did not come up within 8 s (cluster.startup_timeout): no answer from" in errors[0]
+    assert all(peer in errors[0] for peer in silent), errors[0]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert 8 <= seconds < 8 + 12, seconds  # the timeout, then a prompt stop (SIGKILL: nothing to save yet)
+    assert_nothing_left(tmp_path)

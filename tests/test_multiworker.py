@@ -248,7 +248,8 @@ def test_a_diverging_parameter_server_run_stops_with_one_line(tmp_path):
     out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "data=synthetic", "model=mlp",
                   "optimizer=sgd", "trainer.learning_rate=1e9", "trainer.epochs=5", "trainer.verbose=2")
     assert out.returncode == 2, out.stdout[-3000:]
-    assert "error: the training loss became NaN or infinite in epoch 1" in out.stdout
+    assert "[chief-0] error: the training loss became NaN or infinite in epoch 1" in out.stderr  # errors: stderr
+    assert "error:" not in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
     assert not (run_dir / "results.json").exists()  # nothing claims success
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"

@@ -2,15 +2,19 @@
 
 `distrain summarize DIR` (re)builds the summary of a sweep directory.
 """
+import difflib
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from . import launcher, report, sweep
+from . import launcher, report, schema, sweep
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM
@@ -42,11 +46,92 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     return results["test_accuracy"] if results else None
 
 
+def _help(root: DictConfig) -> str:
+    """`--help`: how to run, the groups and their options, and every key with its value, type and meaning."""
+    groups = "\n".join(f"  {g.name}: {', '.join(sorted(p.stem for p in g.glob('*.yaml')))}"
+                       for g in sorted(Path(CONFIG_DIR).iterdir()) if g.is_dir())
+    keys = schema.describe(root).replace("$", "$$")
+    return f"""distrain: config-driven distributed training for TensorFlow.
+
+  python train.py [group=option ...] [key=value ...]     one run, e.g. strategy=mirrored
+  python train.py -m key=a,b ...                         a sweep: one run per value, then a summary
+  distrain summarize SWEEP_DIR                           (re)build a sweep's summary
+
+== Groups (group=option) ==
+{groups}
+
+== Keys (key=value): the value with these choices, its type, what it means ==
+{keys}
+
+Hydra's own options: --hydra-help. The resolved config of these choices: --cfg job.
+"""
+
+
+# --help is drawn from the composed config, so it shows the values of the choices on the command line.
+OmegaConf.register_new_resolver("distrain.help", lambda _root_: _help(_root_), replace=True)
+
+
+def _error_line(exc: Exception) -> str:
+    """One line for an error of Hydra or OmegaConf while composing the config."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+    if isinstance(cause, OmegaConfBaseException):
+        return schema.explain(cause)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, MissingConfigException) and len(lines) > 2 and lines[1].startswith("Available options"):
+        group, wanted = lines[1].split("'")[1], lines[0].split("'")[-2].rsplit("/", 1)[-1]
+        options = [line for line in lines[2:] if "=" not in line and not line.endswith(":")]
+        close = difflib.get_close_matches(wanted, options, n=1, cutoff=0.5) or options[:1]
+        return f"{group}={wanted} is not an option of {group} ({', '.join(options)}): set e.g. {group}={close[0]}"
+    if isinstance(exc, OverrideParseException):
+        return f"cannot read the override {exc.override!r} ({lines[0]}): write key=value, and quote a value " \
+               "with brackets or spaces, e.g. 'strategy.devices=[/cpu:0,/cpu:1]'"
+    return "; ".join(lines)
+
+
+# Options of Hydra's command line that take a value (`--cfg job`).
+VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                "--config-dir", "-cd", "--experimental-rerun"}
+INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def _flags_first(argv: list) -> list:
+    """The arguments with Hydra's options before the overrides: `strategy=mirrored --cfg job trainer.epochs=3`
+    means what `--cfg job strategy=mirrored trainer.epochs=3` means (argparse takes overrides only in one run)."""
+    flags, overrides, rest = [], [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("-") or arg == "-":
+            overrides.append(arg)
+            continue
+        flags.append(arg)
+        takes = arg in VALUED_FLAGS or (arg in ("--info", "-i") and rest and rest[0] in INFO_TOPICS)
+        if takes and rest:
+            flags.append(rest.pop(0))
+    return flags + overrides
+
+
 def main() -> None:
     if sys.argv[1:2] == ["summarize"]:
         sys.exit(sweep.main(sys.argv[2:]))
+    # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
+    # HYDRA_FULL_ERROR=1 gets the traceback instead.
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    sys.argv[1:] = _flags_first(sys.argv[1:])
     try:
         run()
+    except (HydraException, OmegaConfBaseException) as exc:
+        if full_error:
+            raise
+        print(f"error: {_error_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except OSError as exc:  # Hydra could not create the run directory, or we could not write in it
+        if full_error:
+            raise
+        print(f"error: the run directory cannot be created or written ({exc.strerror}: {exc.filename}): "
+              "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write", file=sys.stderr,
+              flush=True)
+        sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside a job (between the jobs of a sweep): no traceback
         print("interrupted: every process of the run stopped (a sweep: `distrain summarize SWEEP_DIR` "
               "summarises the jobs so far)", file=sys.stderr, flush=True)

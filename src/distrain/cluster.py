@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,7 +78,9 @@ def check_task(spec: dict, task_type: str, index) -> TaskSpec:
         raise ConfigError(f"task type {task_type!r} is not in the cluster (it has {', '.join(spec)}): "
                           "fix the task type or the cluster")
     count = len(spec[task_type])
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(f"TF_CONFIG task index {index!r} must be an integer: write e.g. \"index\": 0")
+    if not 0 <= index < count:
         raise ConfigError(f"task index {index!r} is outside the cluster: {task_type} has {count} task(s), "
                           f"so use an index from 0 to {count - 1}")
     return TaskSpec(task_type, index, spec[task_type][index])
@@ -136,11 +139,39 @@ def check_port_free(task: TaskSpec) -> None:
     """A task's own port must be free before its server starts; TensorFlow would only say 'failed'."""
     _, port = parse_address(task.address, "address")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "in use"
         try:
             s.bind(("", port))
         except OSError:
             raise ConfigError(f"port {port} of {task.type}:{task.index} ({task.address}) is already in use: "
                               "stop what holds it or give this task another port") from None
+
+
+def peers(spec: dict, task: TaskSpec) -> dict:
+    """The other tasks of the cluster: name -> address."""
+    return {f"{t}-{i}": a for t, addresses in spec.items() for i, a in enumerate(addresses)
+            if (t, i) != (task.type, task.index) and t != "evaluator"}  # an evaluator serves nothing
+
+
+def unanswered(peers: dict, timeout: float = 1.0) -> dict:
+    """The peers (name -> address) that do not accept a TCP connection, each with why."""
+    silent = {}
+    for name, address in peers.items():
+        host, port = parse_address(address, "address")
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except socket.gaierror:
+            silent[name] = f"{address}: host name does not resolve"
+        except OSError as exc:
+            silent[name] = f"{address}: {exc.strerror or 'no answer'}"
+    return silent
+
+
+def wait_for_peers(peers: dict, interval: float = 0.5) -> None:
+    """Until every peer answers. Its caller is bounded by the launcher's cluster.startup_timeout, which
+    then names the peers that never answered."""
+    while unanswered(peers):
+        time.sleep(interval)
 
 
 def thread_caps(task_type: str, workers: int, per_worker: int | None = None, cores: int | None = None) -> dict:

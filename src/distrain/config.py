@@ -1,38 +1,18 @@
-"""Checks on the composed config that need no TensorFlow, so bad input fails in a second."""
-import math
+"""Checks on the composed config that need no TensorFlow, so bad input fails in a second: each key
+against its schema (schema.py), then the checks that relate several keys."""
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-STRATEGIES = ("default", "one_device", "mirrored", "central_storage",
-              "multi_worker_mirrored", "parameter_server")
-MODELS = ("cnn", "mlp")
-DATA_SOURCES = ("auto", "bundled", "keras", "idx", "synthetic")
-OPTIMIZERS = ("adam", "sgd")
+from . import schema
+from .errors import ConfigError, Diverged  # noqa: F401 - where the other modules import them from
+
 CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 
 
 # ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
 # (trainer.batch_size: ${distrain.mul:128,${cluster.workers}}) for weak-scaling sweeps.
 OmegaConf.register_new_resolver("distrain.mul", lambda a, b: a * b, replace=True)
-
-
-class ConfigError(Exception):
-    """Bad input: the message is one line naming the problem and the fix."""
-
-
-class Diverged(ConfigError):
-    """The loss became NaN or infinite: training stops there, since going on cannot help."""
-
-
-def _positive_int(value, key):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{key}={value!r} must be a positive integer: set e.g. {key}=1")
-
-
-def _choice(value, key, options):
-    if value not in options:
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(options)}: set e.g. {key}={options[0]}")
 
 
 def configured_replicas(strategy: DictConfig, cluster: DictConfig):
@@ -49,28 +29,10 @@ def configured_replicas(strategy: DictConfig, cluster: DictConfig):
     return None  # one replica per GPU present: the task checks once it sees the devices
 
 
-def validate(cfg: DictConfig) -> None:
-    t = cfg.trainer
-    _choice(cfg.strategy.name, "strategy", STRATEGIES)
-    _choice(cfg.model.name, "model", MODELS)
-    _choice(cfg.data.source, "data.source", DATA_SOURCES)
-    _choice(cfg.optimizer, "optimizer", OPTIMIZERS)
-    for key in ("epochs", "batch_size", "steps_per_execution"):
-        _positive_int(t[key], f"trainer.{key}")
-    if t.checkpoint_every_steps != 0:
-        _positive_int(t.checkpoint_every_steps, "trainer.checkpoint_every_steps")
-    if isinstance(t.learning_rate, bool) or not isinstance(t.learning_rate, (int, float)) \
-            or not math.isfinite(t.learning_rate) or t.learning_rate <= 0:
-        raise ConfigError(f"trainer.learning_rate={t.learning_rate!r} must be a finite positive number: "
-                          "set e.g. trainer.learning_rate=0.001")
-    vdev = cfg.strategy.get("cpu_virtual_devices", 0)
-    if isinstance(vdev, bool) or not isinstance(vdev, int) or vdev < 0:
-        raise ConfigError(f"strategy.cpu_virtual_devices={vdev!r} must be 0 (off) or a positive "
-                          "integer: set e.g. strategy.cpu_virtual_devices=2")
-    devices = cfg.strategy.get("devices")
-    if devices is not None and (isinstance(devices, str) or len(devices) == 0):
-        raise ConfigError(f"strategy.devices={devices!r} must be a list of devices: "
-                          "set e.g. 'strategy.devices=[/cpu:0,/cpu:1]'")
+def validate(cfg: DictConfig) -> DictConfig:
+    """The checked config (resolved, values of their schema's types), or a one-line ConfigError."""
+    cfg = schema.check(cfg)
+    t, c = cfg.trainer, cfg.cluster
     # A source that does not hold the named dataset would train on one thing and report another.
     if cfg.data.source == "bundled" and cfg.data.name != "mnist":
         raise ConfigError(f"data.source=bundled holds MNIST digits, not {cfg.data.name}: "
@@ -80,35 +42,34 @@ def validate(cfg: DictConfig) -> None:
                           "set data=synthetic for synthetic data, else drop the data.source override")
     if cfg.data.source == "idx" and not cfg.data.path:
         raise ConfigError("data.source=idx needs data.path: set data.path=/dir/with/idx-files")
-    if cfg.data.source == "synthetic":
-        _positive_int(cfg.data.train_examples, "data.train_examples")
-        _positive_int(cfg.data.test_examples, "data.test_examples")
-    if cfg.strategy.name == "multi_worker_mirrored":
-        _choice(cfg.strategy.communication, "strategy.communication", ("auto", "ring", "nccl"))
-    if cfg.strategy.name == "parameter_server":
-        _positive_int(cfg.strategy.steps_per_schedule, "strategy.steps_per_schedule")
-    if cfg.cluster.name == "local":
-        _positive_int(cfg.cluster.workers, "cluster.workers")
-        if cfg.cluster.ps < 0:
-            raise ConfigError(f"cluster.ps={cfg.cluster.ps} must be 0 or more: set e.g. cluster.ps=1")
-        if cfg.cluster.threads_per_worker is not None:
-            _positive_int(cfg.cluster.threads_per_worker, "cluster.threads_per_worker")
-        if cfg.cluster.isolate not in ("auto", True, False):
-            raise ConfigError(f"cluster.isolate={cfg.cluster.isolate!r} must be auto, true or false: "
-                              "set cluster.isolate=auto")
-        if isinstance(cfg.cluster.max_restarts, bool) or not isinstance(cfg.cluster.max_restarts, int) \
-                or cfg.cluster.max_restarts < 0:
-            raise ConfigError(f"cluster.max_restarts={cfg.cluster.max_restarts!r} must be 0 or more: "
-                              "set e.g. cluster.max_restarts=3")
-        if cfg.cluster.startup_timeout <= 0:
-            raise ConfigError(f"cluster.startup_timeout={cfg.cluster.startup_timeout} must be positive: "
-                              "set e.g. cluster.startup_timeout=60")
-        if cfg.cluster.evaluator and not t.save_model:
+    if t.checkpoint_dir:  # found at once, not after the first epoch of training
+        directory = Path(t.checkpoint_dir)
+        blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+        if blocker:
+            raise ConfigError(f"trainer.checkpoint_dir={t.checkpoint_dir} " + ("is a file" if blocker == directory
+                              else f"lies under {blocker}, a file") + ": set trainer.checkpoint_dir to a "
+                              "directory, or null for <run dir>/checkpoints")
+    devices = cfg.strategy.get("devices")
+    if devices is not None and len(devices) == 0:
+        raise ConfigError("strategy.devices=[] names no device: set e.g. 'strategy.devices=[/cpu:0,/cpu:1]', "
+                          "or strategy.devices=null for every device")
+    if devices and len(set(devices)) != len(devices):
+        twice = next(d for d in devices if devices.count(d) > 1)
+        raise ConfigError(f"strategy.devices=[{','.join(devices)}] names {twice} twice: set e.g. "
+                          "'strategy.devices=[/cpu:0,/cpu:1]', each device once")
+    if c.name == "local":
+        if c.evaluator and not t.save_model:
             raise ConfigError("cluster.evaluator=true evaluates the checkpoints that trainer.save_model=true "
                               "writes: set trainer.save_model=true")
-        if cfg.strategy.name == "parameter_server" and cfg.cluster.ps < 1:
+        if cfg.strategy.name == "parameter_server" and c.ps < 1:
             raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
+        tasks = c.workers + (c.ps if cfg.strategy.name == "parameter_server" else 0)
+        if tasks > schema.MAX_PER_CORE * schema.CORES:
+            raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps} is {tasks} tasks, more than "
+                              f"{schema.MAX_PER_CORE} per core on this machine's {schema.CORES} cores: "
+                              f"set fewer, e.g. cluster.workers={schema.CORES}")
     check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
+    return cfg
 
 
 def check_batch_divides(batch_size: int, replicas) -> None:

@@ -107,8 +107,8 @@ def _read_idx_dir(path: Path):
     def find(prefix, kind):
         hits = sorted(path.glob(f"{prefix}*-{kind}-idx*-ubyte*"))
         if not hits:
-            raise ConfigError(f"no {prefix}-{kind}-idx?-ubyte[.gz] file in {path}: "
-                              "data.path must hold the four MNIST IDX files")
+            raise ConfigError(f"no {prefix}-{kind}-idx?-ubyte[.gz] file in {path}: point data.path at a "
+                              "directory that holds the four MNIST-format IDX files")
         return hits[0]
 
     return tuple((read_idx(find(p, "images")), read_idx(find(p, "labels"))) for p in ("train", "t10k"))

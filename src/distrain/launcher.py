@@ -135,6 +135,7 @@ class Task:
         given, else as it comes (progress bars redraw in place). TensorFlow's start-up noise goes to
         the log only. The log keeps only the last state of lines redrawn with carriage returns."""
         out, pending, shown = sys.stdout.buffer, b"", 0  # shown: bytes of `pending` already on the terminal
+        err = sys.stderr.buffer  # a task's "error: ..." line goes where errors go
         with open(self.log_path, "ab" if self.restarts else "wb") as logfile:  # a restart goes on in the same log
             if self.restarts:
                 logfile.write(f"--- restart {self.restarts} ---\n".encode())
@@ -144,7 +145,11 @@ class Task:
                     last = line.rstrip(b"\r").rsplit(b"\r", 1)[-1].replace(b"\b", b"") + b"\n"
                     self.ready = self.ready or READY.encode() in last
                     logfile.write(last)
-                    if prefix is not None:
+                    if last.startswith(b"error:"):
+                        out.flush()
+                        err.write((prefix or "").encode() + last)
+                        err.flush()
+                    elif prefix is not None:
                         if not is_noise(last):
                             out.write(prefix.encode() + last)
                     elif shown or not is_noise(line):
@@ -166,8 +171,10 @@ class Task:
                 pass
 
     def log_tail(self, lines=15) -> list:
+        """The last lines of its log, without TensorFlow's start-up noise."""
         self._pump.join(timeout=2)
-        return self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return [line for line in text if not is_noise(line.encode())][-lines:]
 
     def describe(self) -> dict:
         code = self.proc.poll() if self.proc else None
@@ -184,7 +191,7 @@ def indented(lines: list) -> str:
 
 
 def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, job: Job | None = None,
-              restarts: Restarts | None = None) -> Outcome:
+              restarts: Restarts | None = None, probe_peers: bool = False) -> Outcome:
     """Start the tasks and supervise them until the run is over.
 
     Over when every main task has exited (ok), an essential task fails (its status), tasks are not
@@ -230,8 +237,16 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
             starting = [t for t in tasks if not t.ready and t.proc.poll() is None]
             if startup_timeout and starting and time.monotonic() > deadline:
                 late = starting[0]
-                outcome = Outcome(1, "failed", f"task {late.name} did not come up within {startup_timeout} s "
-                                  "(cluster.startup_timeout)", late.log_tail())
+                error = f"task {late.name} did not come up within {startup_timeout:g} s (cluster.startup_timeout)"
+                if probe_peers:  # on a real cluster, name the peers it waits for that do not answer
+                    silent = cluster_lib.unanswered(cluster_lib.peers(*cluster_lib.from_tf_config(
+                        late.env["TF_CONFIG"], None)))
+                    error += (f": no answer from {', '.join(f'{n} ({why})' for n, why in silent.items())}; "
+                              "start those tasks or fix their addresses") if silent else \
+                        ": every peer answers, so read its log below; or raise cluster.startup_timeout"
+                outcome = Outcome(1, "failed", error, late.log_tail())
+                for task in starting:  # nothing to save yet: no grace period
+                    task.stop(signal.SIGKILL)
                 print(f"error: {outcome.error}; the end of its log ({late.log_path}):\n"
                       f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
                 return outcome
@@ -282,7 +297,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         if cfg.trainer.resume:
             cfg = resumed(cfg, run_dir, list(overrides))
             log.info("resuming the run in %s", run_dir)
-        validate(cfg)
+        cfg = validate(cfg)
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
@@ -305,7 +320,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
     log.info("this process is task %s:%d of %s", task.type, task.index, spec)
     return _finish(run_tasks([Task(task.name, argv, cluster_lib.task_env(spec, task), spec=task)], run_dir,
-                             job=job), run_dir, job)
+                             startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job)
 
 
 def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) -> Outcome:

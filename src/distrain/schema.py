@@ -1,0 +1,370 @@
+"""The config schema: every key of every group option, with its type, default, range and meaning.
+
+Each dataclass is registered in Hydra's ConfigStore as `schema/<group>/<option>`, and the YAML file of
+that option (conf/<group>/<option>.yaml) extends it. So Hydra and OmegaConf convert or refuse a value
+of the wrong type while composing, and `check()` refuses keys the schema does not have (a `+key=...`
+gets past composition) and values outside their range. Checks that relate several keys live in
+config.py. No TensorFlow here: bad input fails in about a second.
+"""
+import dataclasses
+import difflib
+import math
+import os
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import Any, Callable, List, NamedTuple, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+
+CORES = len(os.sched_getaffinity(0))
+MAX_PER_CORE = 8  # virtual devices, or local cluster tasks, per core: beyond that a run only crawls
+
+
+class Check(NamedTuple):
+    """A range: `ok(value)`, and what a value must be, as in "trainer.epochs=0 must be ..."."""
+    ok: Callable[[Any], bool]
+    says: str
+
+
+POSITIVE = Check(lambda v: v > 0, "must be a positive integer")
+NOT_NEGATIVE = Check(lambda v: v >= 0, "must be 0 or more")
+FINITE_POSITIVE = Check(lambda v: math.isfinite(v) and v > 0, "must be a finite positive number")
+SECONDS = Check(lambda v: math.isfinite(v) and v > 0, "must be a positive number of seconds")
+FRACTION = Check(lambda v: 0 <= v < 1, "must be at least 0 and below 1")
+SEED = Check(lambda v: 0 <= v < 2**32, "must be an integer from 0 to 2**32-1")
+
+
+def at_most(high: int, why: str) -> Check:
+    return Check(lambda v: 0 <= v <= high, f"must be from 0 to {high} ({why})")
+
+
+def one_of(*options) -> Check:
+    return Check(lambda v: v in options, "is not one of " + ", ".join(str(o).lower() for o in options))
+
+
+def key(default, doc: str, check: Check | None = None, example=None):
+    """A config key: its default, what it means (shown by --help), its range, and a valid value to
+    suggest when the default is none."""
+    meta = {"doc": doc, "check": check, "example": example}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class Optimizer(StrEnum):  # str() and f-strings give the name
+    adam = "adam"
+    sgd = "sgd"
+
+
+class DataSource(StrEnum):  # str() and f-strings give the name
+    auto = "auto"
+    bundled = "bundled"
+    keras = "keras"
+    idx = "idx"
+    synthetic = "synthetic"
+
+
+class Communication(StrEnum):  # str() and f-strings give the name
+    auto = "auto"
+    ring = "ring"
+    nccl = "nccl"
+
+
+# ---- trainer ----------------------------------------------------------------------------------------
+
+@dataclass
+class Trainer:
+    epochs: int = key(12, "passes over the training data", POSITIVE)
+    batch_size: int = key(128, "GLOBAL batch: each of N replicas gets batch_size / N", POSITIVE)
+    learning_rate: float = key(0.002, "the optimizer's learning rate", FINITE_POSITIVE)
+    seed: int = key(42, "seed of weights, shuffling and dropout", SEED)
+    steps_per_execution: int = key(1, "training steps per tf.function call; raise it to cut Python overhead",
+                                   POSITIVE)
+    mixed_precision: bool = key(False, "mixed_float16 on GPUs, mixed_bfloat16 on CPUs")
+    jit_compile: bool = key(False, "XLA-compile the forward and backward pass")
+    tensorboard: bool = key(False, "TensorBoard logs in <run dir>/tensorboard")
+    save_model: bool = key(True, "checkpoints (each epoch, and see below) + the SavedModel, in the run directory")
+    checkpoint_every_steps: int = key(0, "also a checkpoint every N global steps within epochs (0: at epoch "
+                                      "ends only)", NOT_NEGATIVE)
+    checkpoint_dir: Optional[str] = key(None, "null: <run dir>/checkpoints; on a real cluster, storage every "
+                                        "task can read")
+    resume: bool = key(False, "go on from the latest checkpoint of the run in hydra.run.dir")
+    stop_on_nan: bool = key(True, "stop at the step the loss becomes NaN or infinite, keeping the last good "
+                            "checkpoint")
+    verbose: int = key(1, "0 silent, 1 progress bar, 2 one line per epoch", one_of(0, 1, 2))
+
+
+# ---- model ------------------------------------------------------------------------------------------
+
+@dataclass
+class Cnn:
+    name: str = key("cnn", "the Keras simple MNIST convnet")
+    dropout: float = key(0.5, "dropout rate before the last layer", FRACTION)
+
+
+@dataclass
+class Mlp:
+    name: str = key("mlp", "the classic distributed-MNIST network: 784 -> hidden ReLU -> 10 logits")
+    hidden_units: int = key(100, "units of the hidden layer", Check(lambda v: 0 < v <= 65536,
+                                                                    "must be from 1 to 65536"))
+
+
+# ---- data -------------------------------------------------------------------------------------------
+
+@dataclass
+class Data:
+    name: str = key("mnist", "the dataset")
+    source: DataSource = key(DataSource.auto, "auto: Keras cache, else a short download try, else bundled; "
+                             "bundled: 10,000 digits shipped in the package; keras: full 60k/10k; idx: "
+                             "IDX files in data.path; synthetic: generated")
+    path: Optional[str] = key(None, "directory of IDX files (data.source=idx)")
+    download_timeout: float = key(5.0, "seconds for the download try of source=auto (0: never try)",
+                                  Check(lambda v: 0 <= v <= 3600, "must be from 0 to 3600 seconds"))
+    shuffle_buffer: int = key(10000, "examples in the shuffle buffer", POSITIVE)
+
+
+@dataclass
+class Synthetic(Data):
+    name: str = key("synthetic", "deterministic, learnable MNIST-shaped data (one noisy template per class)")
+    source: DataSource = key(DataSource.synthetic, "synthetic")
+    train_examples: int = key(4096, "training examples", POSITIVE)
+    test_examples: int = key(1024, "test examples", POSITIVE)
+
+
+# ---- strategy ---------------------------------------------------------------------------------------
+
+VIRTUAL = at_most(MAX_PER_CORE * CORES, f"{MAX_PER_CORE} per core on this machine's {CORES} cores")
+
+
+@dataclass
+class Strategy:
+    name: str = key("default", "tf.distribute's default strategy: one device, TensorFlow's placement")
+    cpu_virtual_devices: int = key(0, ">1 splits the CPU into N logical devices", VIRTUAL, example=2)
+
+
+@dataclass
+class OneDevice(Strategy):
+    name: str = key("one_device", "OneDeviceStrategy: variables and compute on one device")
+    device: str = key("/cpu:0", "the device, e.g. /cpu:0 or /gpu:0")
+
+
+@dataclass
+class Mirrored(Strategy):
+    name: str = key("mirrored", "MirroredStrategy: one replica per device, gradients all-reduced")
+    devices: Optional[List[str]] = key(None, "null: every GPU, else the (virtual) CPUs; or a list such as "
+                                       "[/gpu:0,/gpu:1]", example="[/cpu:0,/cpu:1]")
+
+
+@dataclass
+class CentralStorage(Mirrored):
+    name: str = key("central_storage", "CentralStorageStrategy: variables on one device, compute mirrored")
+    parameter_device: str = key("/cpu:0", "where the variables live")
+
+
+@dataclass
+class MultiWorkerMirrored:
+    name: str = key("multi_worker_mirrored", "MultiWorkerMirroredStrategy: synchronous SGD across workers")
+    communication: Communication = key(Communication.auto, "auto, ring (gRPC, any device) or nccl (GPUs)")
+
+
+@dataclass
+class ParameterServer:
+    name: str = key("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous SGD")
+    variable_partitioner: bool = key(False, "shard large variables across the ps tasks")
+    min_shard_bytes: int = key(262144, "...into shards of at least this size", POSITIVE)
+    max_shards: Optional[int] = key(None, "...and at most this many (null: one per ps task)", POSITIVE, example=2)
+    steps_per_schedule: int = key(10, "training steps per function the coordinator schedules", POSITIVE)
+
+
+# ---- cluster ----------------------------------------------------------------------------------------
+
+@dataclass
+class Local:
+    name: str = key("local", "the whole cluster on this machine, each task a process, ports picked free")
+    workers: int = key(2, "worker tasks", POSITIVE)
+    ps: int = key(1, "parameter-server tasks (strategy=parameter_server only)", NOT_NEGATIVE)
+    evaluator: bool = key(False, "a sidecar evaluator task evaluates each epoch's checkpoint")
+    threads_per_worker: Optional[int] = key(None, "TensorFlow threads per worker task (null: the cores shared "
+                                            "among the workers)", POSITIVE, example=1)
+    pin_workers: bool = key(False, "each worker on cores of its own (CPU affinity)")
+    startup_timeout: float = key(60.0, "seconds for every task to come up, else stop with its log", SECONDS)
+    isolate: Any = key("auto", "private network namespace: auto (if the platform allows), true (required), false",
+                       one_of("auto", True, False))
+    max_restarts: int = key(3, "dead tasks restart the cluster (from its checkpoint) this often in all; 0: the "
+                            "first death ends the run", NOT_NEGATIVE)
+
+
+@dataclass
+class TfConfig:
+    name: str = key("tf_config", "this process is one task of the cluster TF_CONFIG describes")
+    startup_timeout: float = key(600.0, "seconds to wait for the other tasks, else stop naming them", SECONDS)
+
+
+@dataclass
+class Manual(TfConfig):
+    name: str = key("manual", "the classic flags: this process is one task of the cluster they describe")
+    worker_hosts: List[str] = key([], "worker addresses, e.g. [h1:2222,h2:2222]")
+    ps_hosts: List[str] = key([], "parameter-server addresses")
+    chief_host: Optional[str] = key(None, "the chief's address (parameter_server)", example="h4:2222")
+    task_type: Optional[str] = key(None, "this task's role", one_of("chief", "worker", "ps"), example="worker")
+    task_index: int = key(0, "this task's index in its role", NOT_NEGATIVE)
+
+
+@dataclass
+class Root:
+    """The primary config: the groups' nodes are checked by their own schema."""
+    strategy: Any = None
+    model: Any = None
+    data: Any = None
+    trainer: Any = None
+    cluster: Any = None
+    optimizer: Optimizer = key(Optimizer.adam, "adam or sgd; its learning rate is trainer.learning_rate")
+
+
+# group -> option -> schema. A YAML option extends one of these (its `defaults:` names it).
+SCHEMAS = {
+    "strategy": {"default": Strategy, "one_device": OneDevice, "mirrored": Mirrored,
+                 "central_storage": CentralStorage, "multi_worker_mirrored": MultiWorkerMirrored,
+                 "parameter_server": ParameterServer},
+    "model": {"cnn": Cnn, "mlp": Mlp},
+    "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic},
+    "trainer": {"default": Trainer},
+    "cluster": {"local": Local, "tf_config": TfConfig, "manual": Manual},
+}
+
+
+def register() -> None:
+    store = ConfigStore.instance()
+    store.store(name="schema", node=Root)
+    for group, options in SCHEMAS.items():
+        for option, schema in options.items():
+            store.store(group=f"schema/{group}", name=option, node=schema)
+
+
+# ---- checking ---------------------------------------------------------------------------------------
+
+def _kind(schema, name: str) -> str:
+    """What a value of this key must be, in words."""
+    meta = {f.name: f for f in dataclasses.fields(schema)}[name]
+    kind, text = meta.type, str(meta.type)
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return "one of " + ", ".join(kind.__members__)
+    if kind is Any:  # a few fixed values of several types (cluster.isolate)
+        return "one of " + meta.metadata["check"].says.removeprefix("is not one of ")
+    for word, says in (("List", "a list such as [a,b]"), ("bool", "true or false"), ("int", "an integer"),
+                       ("float", "a number"), ("str", "text")):
+        if word in text:
+            return says + (" or null" if "Optional" in text else "")
+    return "a value"
+
+
+def _example(schema, name: str):
+    """A valid value to suggest for the key, as one writes it on the command line."""
+    meta = {f.name: f for f in dataclasses.fields(schema)}[name]
+    value = meta.metadata.get("example")
+    if value is None:
+        value = meta.default if meta.default is not dataclasses.MISSING else meta.default_factory()
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "[]" if value == [] else value
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Enum):
+        return value.value
+    return repr(value) if isinstance(value, str) and (not value or value.strip() != value) else str(value)
+
+
+def explain(exc: OmegaConfBaseException, group: str = "") -> str:
+    """One line for a value or key OmegaConf refused: names the key, says what it must be, and a fix."""
+    full = ".".join(p for p in (group, exc.full_key) if p) if exc.full_key else group
+    schema = exc.object_type if dataclasses.is_dataclass(exc.object_type) else None
+    name = full.rsplit(".", 1)[-1]
+    if schema is None:
+        return str(exc).splitlines()[0]
+    fields = [f.name for f in dataclasses.fields(schema)]
+    parent = full.rsplit(".", 1)[0] if "." in full else ""
+    if name not in fields:
+        close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+        if close:
+            return (f"{full} is not a key of {parent or 'the config'}: "
+                    f"set e.g. {parent + '.' if parent else ''}{close[0]}={_example(schema, close[0])}")
+        return (f"{full} is not a key of {parent or 'the config'} (it has {', '.join(fields)}): drop it, "
+                "or pick another option of the group (`python train.py --help` lists them)")
+    kind, example = _kind(schema, name), _example(schema, name)
+    if kind.startswith("a list") and isinstance(exc.value, str):
+        example = f"[{exc.value}]"  # one address given where a list of them is meant
+    return f"{full}={_shown(exc.value)} must be {kind}: set e.g. {full}={example}"
+
+
+def _schema_of(group: str, node) -> type:
+    name = node.get("name", "default") if isinstance(node, DictConfig) else None
+    options = SCHEMAS[group]
+    if name not in options:
+        raise ConfigError(f"{group}.name={name!r} names no {group} option: choose the option itself, "
+                          f"e.g. {group}={next(iter(options))}")
+    return options[name]
+
+
+def check(cfg: DictConfig) -> DictConfig:
+    """The config, resolved, with every value converted to its schema's type (enums as their names).
+    Raises a one-line ConfigError for a key the schema does not have, a value of the wrong type (in a
+    config read from a file), or a value out of range."""
+    try:
+        plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(explain(exc)) from None
+    roots = [f.name for f in dataclasses.fields(Root)]
+    unknown = sorted(set(plain.keys()) - set(roots))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], roots, n=1)
+        raise ConfigError(f"{unknown[0]} is not a config key: " + (f"set e.g. {close[0]}=... instead" if close
+                          else "drop it (`python train.py --help` lists every key)"))
+    checked = {}
+    for group in SCHEMAS:
+        schema = _schema_of(group, plain[group])
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(schema), plain[group])
+        except OmegaConfBaseException as exc:
+            raise ConfigError(explain(exc, group)) from None
+        for f in dataclasses.fields(schema):
+            value, rule = node[f.name], f.metadata.get("check")
+            if rule and value is not None and not rule.ok(value):
+                raise ConfigError(f"{group}.{f.name}={_shown(value)} {rule.says}: "
+                                  f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
+        checked[group] = OmegaConf.to_container(node, enum_to_str=True)
+    try:
+        root = OmegaConf.merge(OmegaConf.structured(Root), {"optimizer": plain.optimizer})
+    except OmegaConfBaseException as exc:
+        raise ConfigError(explain(exc)) from None
+    return OmegaConf.create({**checked, "optimizer": root.optimizer.value})
+
+
+def describe(cfg: DictConfig) -> str:
+    """Every key of the composed config: its value, type and meaning (for --help)."""
+    lines = []
+    for group in SCHEMAS:
+        node = cfg.get(group)
+        try:
+            schema = _schema_of(group, node)
+        except ConfigError:
+            continue
+        lines.append(f"{group}:")
+        for f in dataclasses.fields(schema):
+            value = OmegaConf.select(node, f.name)
+            lines.append(f"  {f.name}: {_shown(value) if value is not None else 'null'}  "
+                         f"({_kind(schema, f.name)}) {f.metadata.get('doc', '')}")
+    lines.append(f"optimizer: {cfg.get('optimizer')}  (one of adam, sgd) the optimizer; its learning rate is "
+                 "trainer.learning_rate")
+    return "\n".join(lines)
+
+
+register()  # on import, as Hydra's structured configs are: the YAML options extend these

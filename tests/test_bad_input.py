@@ -1,0 +1,272 @@
+"""A catalogue of bad input, run as a user runs it (`python train.py ...`): each case must end with one
+`error:` line on stderr that names the key, file or variable and says how to fix it, a non-zero exit,
+no traceback, in bounded time, with no process left behind."""
+import gzip
+import json
+import re
+import struct
+import time
+
+import pytest
+
+from conftest import assert_nothing_left, run_cli
+
+QUICK = ["trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "data.download_timeout=0"]
+MWMS = ["strategy=multi_worker_mirrored"]
+PS = ["strategy=parameter_server"]
+MANUAL_MWMS = [*MWMS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222,127.0.0.1:2223]",
+               "cluster.task_type=worker"]
+MANUAL_PS = [*PS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222]", "cluster.ps_hosts=[127.0.0.1:2224]",
+             "cluster.chief_host=127.0.0.1:2225"]
+TF_CONFIG = [*MWMS, "cluster=tf_config"]
+# The fix an error line ends with: what to do.
+FIX = re.compile(r": .*\b(set|drop|write|use|give|add|list|point|pick|choose|quote|fix|free|start|resume|"
+                 r"reinstall|replace|check|raise|lower|name|remove|run)\b")
+CONFIG_SECONDS, TENSORFLOW_SECONDS = 15, 90  # generous bounds (about 1 s, and 5-10 s, when the machine is idle)
+
+
+def tf_config(cluster, task_type="worker", index=0):
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+TWO_WORKERS = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+
+CASES = [
+    # ---- keys that do not exist (typos, keys of another option, with and without +) ----
+    ("typo", ["trainer.epoch=1"], "trainer.epoch is not a key of trainer: set e.g. trainer.epochs=12"),
+    ("typo-plus", ["+trainer.epoch=1"], "trainer.epoch is not a key of trainer: set e.g. trainer.epochs=12"),
+    ("typo-plusplus", ["++trainer.epoch=1"], "trainer.epoch is not a key of trainer"),
+    ("unknown-root", ["+foo=1"], "foo is not a config key"),
+    ("unknown-root-typo", ["optimiser=sgd"], "optimiser is not a key of the config: set e.g. optimizer=adam"),
+    ("unknown-no-match", ["trainer.lr=0.1"], "trainer.lr is not a key of trainer"),
+    ("cnn-has-no-hidden", ["model.hidden_units=50"], "model.hidden_units is not a key of model"),
+    ("mlp-has-no-dropout", ["model=mlp", "model.dropout=0.2"], "model.dropout is not a key of model"),
+    ("default-has-no-device", ["strategy.device=/cpu:0"], "strategy.device is not a key of strategy"),
+    ("mwms-has-no-devices", [*MWMS, "strategy.devices=[/gpu:0]"], "strategy.devices is not a key of strategy"),
+    ("ps-has-no-virtual", [*PS, "strategy.cpu_virtual_devices=2"], "strategy.cpu_virtual_devices is not a key"),
+    ("cluster-typo", ["cluster.worker=3"], "cluster.worker is not a key of cluster: set e.g. cluster.workers=2"),
+    ("local-has-no-hosts", ["cluster.worker_hosts=[a:1]"], "cluster.worker_hosts is not a key of cluster"),
+    ("mnist-has-no-size", ["data.train_examples=10"], "data.train_examples is not a key of data"),
+    ("plus-known-group-key", ["+strategy.device=/cpu:0"], "strategy.device is not a key of strategy"),
+    # ---- values of the wrong type ----
+    ("int-text", ["trainer.epochs=abc"], "trainer.epochs=abc must be an integer: set e.g. trainer.epochs=12"),
+    ("int-float", ["trainer.epochs=1.5"], "trainer.epochs=1.5 must be an integer"),
+    ("int-bool", ["trainer.epochs=true"], "trainer.epochs=true must be an integer"),
+    ("int-list", ["trainer.epochs=[1,2]"], "trainer.epochs"),
+    ("int-null", ["trainer.epochs=null"], "trainer.epochs"),
+    ("batch-text", ["trainer.batch_size=big"], "trainer.batch_size=big must be an integer"),
+    ("lr-text", ["trainer.learning_rate=fast"], "trainer.learning_rate=fast must be a number"),
+    ("seed-text", ["trainer.seed=abc"], "trainer.seed=abc must be an integer"),
+    ("spe-text", ["trainer.steps_per_execution=x"], "trainer.steps_per_execution=x must be an integer"),
+    ("bool-maybe", ["trainer.mixed_precision=maybe"], "trainer.mixed_precision=maybe must be true or false"),
+    ("bool-perhaps", ["trainer.jit_compile=perhaps"], "trainer.jit_compile=perhaps must be true or false"),
+    ("bool-save", ["trainer.save_model=nope"], "trainer.save_model=nope must be true or false"),
+    ("bool-resume", ["trainer.resume=maybe"], "trainer.resume=maybe must be true or false"),
+    ("bool-nan", ["trainer.stop_on_nan=sometimes"], "trainer.stop_on_nan=sometimes must be true or false"),
+    ("bool-tensorboard", ["trainer.tensorboard=[true]"], "trainer.tensorboard"),
+    ("ckpt-steps-text", ["trainer.checkpoint_every_steps=often"], "trainer.checkpoint_every_steps=often"),
+    ("verbose-text", ["trainer.verbose=loud"], "trainer.verbose=loud must be an integer"),
+    ("dropout-text", ["model.dropout=half"], "model.dropout=half must be a number"),
+    ("hidden-text", ["model=mlp", "model.hidden_units=many"], "model.hidden_units=many must be an integer"),
+    ("timeout-text", ["data.download_timeout=soon"], "data.download_timeout=soon must be a number"),
+    ("shuffle-text", ["data.shuffle_buffer=big"], "data.shuffle_buffer=big must be an integer"),
+    ("examples-text", ["data=synthetic", "data.train_examples=lots"], "data.train_examples=lots"),
+    ("workers-text", ["cluster.workers=two"], "cluster.workers=two must be an integer"),
+    ("ps-text", ["cluster.ps=abc"], "cluster.ps=abc must be an integer"),
+    ("threads-text", ["cluster.threads_per_worker=all"], "cluster.threads_per_worker=all must be an integer"),
+    ("pin-text", ["cluster.pin_workers=sure"], "cluster.pin_workers=sure must be true or false"),
+    ("startup-text", ["cluster.startup_timeout=abc"], "cluster.startup_timeout=abc must be a number"),
+    ("restarts-text", ["cluster.max_restarts=many"], "cluster.max_restarts=many must be an integer"),
+    ("evaluator-text", ["cluster.evaluator=please"], "cluster.evaluator=please must be true or false"),
+    ("schedule-text", [*PS, "strategy.steps_per_schedule=x"], "strategy.steps_per_schedule=x must be an integer"),
+    ("shard-text", [*PS, "strategy.min_shard_bytes=x"], "strategy.min_shard_bytes=x must be an integer"),
+    ("partitioner-text", [*PS, "strategy.variable_partitioner=x"], "strategy.variable_partitioner=x must be"),
+    ("virtual-text", ["strategy=mirrored", "strategy.cpu_virtual_devices=two"], "strategy.cpu_virtual_devices=two"),
+    ("devices-string", ["strategy=mirrored", "strategy.devices=/cpu:0"],
+     "strategy.devices=/cpu:0 must be a list such as [a,b] or null: set e.g. strategy.devices=[/cpu:0]"),
+    ("override-syntax", ["trainer.epochs=[1,"], "cannot read the override 'trainer.epochs=[1,'"),
+    ("override-no-value", ["trainer.epochs"], "trainer.epochs"),
+    # ---- values out of range ----
+    ("epochs-zero", ["trainer.epochs=0"], "trainer.epochs=0 must be a positive integer: set e.g. trainer.epochs=12"),
+    ("epochs-negative", ["trainer.epochs=-1"], "trainer.epochs=-1 must be a positive integer"),
+    ("batch-zero", ["trainer.batch_size=0"], "trainer.batch_size=0 must be a positive integer"),
+    ("batch-negative", ["trainer.batch_size=-8"], "trainer.batch_size=-8 must be a positive integer"),
+    ("lr-zero", ["trainer.learning_rate=0"], "trainer.learning_rate=0.0 must be a finite positive number"),
+    ("lr-negative", ["trainer.learning_rate=-0.1"], "trainer.learning_rate=-0.1 must be a finite positive number"),
+    ("lr-nan", ["trainer.learning_rate=nan"], "trainer.learning_rate=nan must be a finite positive number"),
+    ("lr-inf", ["trainer.learning_rate=inf"], "trainer.learning_rate=inf must be a finite positive number"),
+    ("seed-negative", ["trainer.seed=-1"], "trainer.seed=-1 must be an integer from 0 to 2**32-1"),
+    ("seed-huge", ["trainer.seed=4294967296"], "trainer.seed=4294967296 must be an integer from 0 to 2**32-1"),
+    ("spe-zero", ["trainer.steps_per_execution=0"], "trainer.steps_per_execution=0 must be a positive integer"),
+    ("ckpt-negative", ["trainer.checkpoint_every_steps=-5"], "trainer.checkpoint_every_steps=-5 must be 0 or more"),
+    ("verbose-seven", ["trainer.verbose=7"], "trainer.verbose=7 is not one of 0, 1, 2: set e.g. trainer.verbose=1"),
+    ("dropout-high", ["model.dropout=1.5"], "model.dropout=1.5 must be at least 0 and below 1"),
+    ("dropout-one", ["model.dropout=1"], "model.dropout=1.0 must be at least 0 and below 1"),
+    ("dropout-negative", ["model.dropout=-0.1"], "model.dropout=-0.1 must be at least 0 and below 1"),
+    ("hidden-zero", ["model=mlp", "model.hidden_units=0"], "model.hidden_units=0 must be from 1 to 65536"),
+    ("hidden-negative", ["model=mlp", "model.hidden_units=-5"], "model.hidden_units=-5 must be from 1 to 65536"),
+    ("hidden-huge", ["model=mlp", "model.hidden_units=10000000"], "model.hidden_units=10000000 must be from 1"),
+    ("download-negative", ["data.download_timeout=-1"], "data.download_timeout=-1.0 must be from 0 to 3600"),
+    ("shuffle-zero", ["data.shuffle_buffer=0"], "data.shuffle_buffer=0 must be a positive integer"),
+    ("train-examples-zero", ["data=synthetic", "data.train_examples=0"], "data.train_examples=0 must be a positive"),
+    ("test-examples-negative", ["data=synthetic", "data.test_examples=-3"], "data.test_examples=-3 must be a positive"),
+    ("workers-zero", [*MWMS, "cluster.workers=0"], "cluster.workers=0 must be a positive integer"),
+    ("ps-negative", [*PS, "cluster.ps=-1"], "cluster.ps=-1 must be 0 or more"),
+    ("threads-zero", [*MWMS, "cluster.threads_per_worker=0"], "cluster.threads_per_worker=0 must be a positive"),
+    ("startup-zero", [*MWMS, "cluster.startup_timeout=0"], "cluster.startup_timeout=0.0 must be a positive number"),
+    ("startup-negative", ["cluster.startup_timeout=-5"], "cluster.startup_timeout=-5.0 must be a positive number"),
+    ("restarts-negative", ["cluster.max_restarts=-1"], "cluster.max_restarts=-1 must be 0 or more"),
+    ("schedule-zero", [*PS, "strategy.steps_per_schedule=0"], "strategy.steps_per_schedule=0 must be a positive"),
+    ("shards-zero", [*PS, "strategy.max_shards=0"], "strategy.max_shards=0 must be a positive integer"),
+    ("virtual-negative", ["strategy=mirrored", "strategy.cpu_virtual_devices=-1"],
+     "strategy.cpu_virtual_devices=-1 must be from 0 to"),
+    ("virtual-hundreds", ["strategy=mirrored", "strategy.cpu_virtual_devices=256"],
+     "strategy.cpu_virtual_devices=256 must be from 0 to"),
+    ("virtual-100000", ["strategy=mirrored", "strategy.cpu_virtual_devices=100000"], "per core"),
+    ("too-many-workers", [*MWMS, "cluster.workers=64", "trainer.batch_size=128"], "more than 8 per core"),
+    # ---- names that are not among the choices ----
+    ("optimizer", ["optimizer=rmsprop"], "optimizer=rmsprop must be one of adam, sgd: set e.g. optimizer=adam"),
+    ("data-source", ["data.source=s3"], "data.source=s3 must be one of auto, bundled, keras, idx, synthetic"),
+    ("communication", [*MWMS, "strategy.communication=mpi"], "strategy.communication=mpi must be one of auto"),
+    ("isolate", ["cluster.isolate=maybe"], "cluster.isolate=maybe is not one of auto, true, false"),
+    ("strategy-typo", ["strategy=mirorred"], "strategy=mirorred is not an option of strategy"),
+    ("strategy-unknown", ["strategy=nope"], "strategy=nope is not an option of strategy (central_storage, default"),
+    ("model-unknown", ["model=resnet"], "model=resnet is not an option of model (cnn, mlp)"),
+    ("data-unknown", ["data=cifar"], "data=cifar is not an option of data"),
+    ("cluster-unknown", ["cluster=k8s"], "cluster=k8s is not an option of cluster"),
+    ("trainer-unknown", ["trainer=fast"], "trainer=fast is not an option of trainer"),
+    ("experiment-unknown", ["experiment=scaling"], "experiment=scaling is not an option of experiment"),
+    ("strategy-name", ["strategy.name=mirored"], "strategy.name='mirored' names no strategy option"),
+    # ---- keys that contradict each other ----
+    ("batch-replicas", ["strategy=mirrored", "strategy.cpu_virtual_devices=3"],
+     "trainer.batch_size=64 is the global batch and must divide evenly over 3 replicas: "
+     "set trainer.batch_size=63 or 66"),
+    ("batch-devices", ["strategy=mirrored", "strategy.devices=[/cpu:0,/cpu:1,/cpu:2]"], "over 3 replicas"),
+    ("batch-workers", [*MWMS, "cluster.workers=3"], "must divide evenly over 3 replicas"),
+    ("devices-empty", ["strategy=mirrored", "strategy.devices=[]"], "strategy.devices=[] names no device"),
+    ("devices-twice", ["strategy=mirrored", "strategy.devices=[/cpu:0,/cpu:0]"], "names /cpu:0 twice"),
+    ("idx-no-path", ["data.source=idx"], "data.source=idx needs data.path: set data.path="),
+    ("bundled-not-mnist", ["data=synthetic", "data.source=bundled"], "data.source=bundled holds MNIST digits"),
+    ("synthetic-source", ["data.source=synthetic"], "data.source=synthetic does not fit data=mnist"),
+    ("ps-needs-ps", [*PS, "cluster.ps=0"], "strategy=parameter_server needs at least one ps task"),
+    ("evaluator-needs-saves", [*MWMS, "cluster.evaluator=true", "trainer.save_model=false"],
+     "cluster.evaluator=true evaluates the checkpoints"),
+    # ---- devices this machine does not have (TensorFlow looks) ----
+    ("gpu-missing", ["strategy=one_device", "strategy.device=/gpu:7"], "device /gpu:7 is not on this machine"),
+    ("device-name", ["strategy=one_device", "strategy.device=banana"], "device 'banana' is not a device name"),
+    ("gpus-missing", ["strategy=mirrored", "strategy.devices=[/gpu:0,/gpu:1]"], "is not on this machine"),
+    ("parameter-device", ["strategy=central_storage", "strategy.parameter_device=/gpu:3"], "device /gpu:3 is not"),
+    ("virtual-device-missing", ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "strategy.devices=[/cpu:0,/cpu:5]"],
+     "device /cpu:5 is not on this machine"),
+    # ---- the classic cluster flags (cluster=manual) ----
+    ("manual-no-role", [*MWMS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222]"],
+     "cluster=manual needs this task's role: set cluster.task_type"),
+    ("manual-no-workers", [*MWMS, "cluster=manual", "cluster.task_type=worker"], "the cluster has no worker tasks"),
+    ("manual-hosts-string", [*MWMS, "cluster=manual", "cluster.worker_hosts=127.0.0.1:23456"],
+     "cluster.worker_hosts=127.0.0.1:23456 must be a list such as [a,b]: set e.g. cluster.worker_hosts=[127.0.0.1:23456]"),
+    ("manual-no-port", [*MWMS, "cluster=manual", "cluster.worker_hosts=[localhost]", "cluster.task_type=worker"],
+     "worker address 'localhost' is not host:port"),
+    ("manual-bad-port", [*MWMS, "cluster=manual", "cluster.worker_hosts=[localhost:99999]", "cluster.task_type=worker"],
+     "worker address 'localhost:99999' is not host:port"),
+    ("manual-duplicate", [*MWMS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222,127.0.0.1:2222]",
+                          "cluster.task_type=worker"], "address 127.0.0.1:2222 is given to two tasks"),
+    ("manual-role", [*MANUAL_MWMS[:-1], "cluster.task_type=boss"], "cluster.task_type=boss is not one of chief"),
+    ("manual-index-text", [*MANUAL_MWMS, "cluster.task_index=abc"], "cluster.task_index=abc must be an integer"),
+    ("manual-index-outside", [*MANUAL_MWMS, "cluster.task_index=5"], "task index 5 is outside the cluster"),
+    ("manual-index-negative", [*MANUAL_MWMS, "cluster.task_index=-1"], "cluster.task_index=-1 must be 0 or more"),
+    ("manual-ps-missing", [*PS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222]", "cluster.task_type=worker"],
+     "strategy=parameter_server needs at least one ps task"),
+    ("manual-chief-missing", [*PS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222]",
+                              "cluster.ps_hosts=[127.0.0.1:2224]", "cluster.task_type=ps"], "needs a chief task"),
+    ("manual-mwms-ps", [*MANUAL_MWMS, "cluster.ps_hosts=[127.0.0.1:2224]"], "takes no ps tasks"),
+    ("manual-role-absent", [*MANUAL_MWMS[:-1], "cluster.task_type=ps"], "task type 'ps' is not in the cluster"),
+    ("manual-timeout", [*MANUAL_MWMS, "cluster.startup_timeout=0"], "cluster.startup_timeout=0.0 must be a positive"),
+    ("manual-ps-index", [*MANUAL_PS, "cluster.task_type=ps", "cluster.task_index=1"], "task index 1 is outside"),
+    ("manual-local-key", [*MANUAL_MWMS, "cluster.workers=2"], "cluster.workers is not a key of cluster"),
+    # ---- TF_CONFIG (cluster=tf_config) ----
+    ("tf-config-missing", TF_CONFIG, "cluster=tf_config needs the TF_CONFIG environment variable"),
+    ("tf-config-json", TF_CONFIG, "TF_CONFIG is not valid JSON", "{bad json"),
+    ("tf-config-list", TF_CONFIG, "TF_CONFIG needs a \"cluster\" and a \"task\"", "[]"),
+    ("tf-config-no-task", TF_CONFIG, "TF_CONFIG needs a \"cluster\" and a \"task\"",
+     json.dumps({"cluster": TWO_WORKERS})),
+    ("tf-config-index-text", TF_CONFIG, "TF_CONFIG task index '0' must be an integer",
+     tf_config(TWO_WORKERS, index="0")),
+    ("tf-config-index-outside", TF_CONFIG, "task index 3 is outside the cluster", tf_config(TWO_WORKERS, index=3)),
+    ("tf-config-type", TF_CONFIG, "task type 'boss' is not in the cluster", tf_config(TWO_WORKERS, "boss")),
+    ("tf-config-not-list", TF_CONFIG, "cluster entry 'worker' must be a list",
+     tf_config({"worker": "127.0.0.1:2222"})),
+    ("tf-config-two-chiefs", TF_CONFIG, "a cluster has at most one chief",
+     tf_config({**TWO_WORKERS, "chief": ["127.0.0.1:2230", "127.0.0.1:2231"]})),
+    ("tf-config-empty", TF_CONFIG, "the cluster has no worker tasks", tf_config({})),
+    ("tf-config-unknown-job", TF_CONFIG, "unknown task type 'master' in the cluster",
+     tf_config({**TWO_WORKERS, "master": ["127.0.0.1:2230"]})),
+    ("tf-config-ps-no-chief", [*PS, "cluster=tf_config"], "needs a chief task",
+     tf_config({**TWO_WORKERS, "ps": ["127.0.0.1:2230"]})),
+    ("tf-config-address", TF_CONFIG, "worker address '2222' is not host:port", tf_config({"worker": ["2222"]})),
+    # ---- data files ----
+    ("idx-path-missing", ["data.source=idx", "data.path=/nonexistent"], "data.path=/nonexistent is not a directory"),
+    ("idx-path-file", ["data.source=idx", "data.path={file}"], "is not a directory"),
+    ("idx-dir-empty", ["data.source=idx", "data.path={empty}"], "no train-images-idx"),
+    ("idx-corrupt", ["data.source=idx", "data.path={corrupt}"], "is corrupt"),
+    ("fashion-missing", ["data=fashion_mnist", "data.path=/nonexistent"], "data.path=/nonexistent is not a directory"),
+    # ---- run and checkpoint directories ----
+    ("run-dir-under-file", ["hydra.run.dir={file}/run"], "cannot be created"),
+    ("checkpoint-dir-file", ["trainer.checkpoint_dir={file}"], "trainer.checkpoint_dir={file} is a file"),
+    ("resume-nothing", ["trainer.resume=true"], "holds no earlier run"),
+]
+
+
+def _materialise(tmp_path, args):
+    """{file}, {empty} and {corrupt} in a case's arguments: a plain file, an empty directory, and a
+    directory of IDX files whose images file is cut short."""
+    (tmp_path / "plain.txt").write_text("not a directory\n")
+    (tmp_path / "empty").mkdir()
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for prefix, count in (("train", 60), ("t10k", 10)):
+        with gzip.open(corrupt / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">iiii", 2051, count, 28, 28) + bytes(100))  # far fewer pixels than it says
+        with gzip.open(corrupt / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">ii", 2049, count) + bytes(count))
+    names = {"{file}": str(tmp_path / "plain.txt"), "{empty}": str(tmp_path / "empty"), "{corrupt}": str(corrupt)}
+    return [re.sub(r"\{\w+\}", lambda m: names[m.group(0)], a) for a in args], names
+
+
+NEEDS_TENSORFLOW = {"gpu-missing", "device-name", "gpus-missing", "parameter-device", "virtual-device-missing",
+                    "idx-corrupt", "checkpoint-dir-file"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line_with_a_fix(tmp_path, case):
+    name, args, expected, *env = case
+    args, names = _materialise(tmp_path, args)
+    expected = expected.replace("{file}", names["{file}"])
+    run_dir = tmp_path / "run"
+    if any(a.startswith("hydra.run.dir=") for a in args):
+        run_dir = None
+    env_extra = {"TF_CONFIG": env[0]} if env else {}
+    started = time.monotonic()
+    out = run_cli(run_dir or tmp_path / "unused", *QUICK, *args, timeout=TENSORFLOW_SECONDS + 30,
+                  env_extra=env_extra)
+    seconds = time.monotonic() - started
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert expected in errors[0], errors[0]
+    assert FIX.search(errors[0]), f"no fix in: {errors[0]}"
+    assert "Traceback" not in out.stdout + out.stderr
+    assert not [line for line in out.stdout.splitlines() if line.startswith("error:")]  # errors go to stderr
+    assert seconds < (TENSORFLOW_SECONDS if name in NEEDS_TENSORFLOW else CONFIG_SECONDS), seconds
+    assert_nothing_left(tmp_path)
+
+
+def test_the_catalogue_is_large_and_its_checks_can_fail(tmp_path):
+    """At least 100 cases, no two alike; and a good config passes the same checks' opposite (exit 0)."""
+    assert len(CASES) >= 100
+    assert len({c[0] for c in CASES}) == len(CASES)
+    assert len({(tuple(c[1]), c[3] if len(c) > 3 else None) for c in CASES}) == len(CASES)
+    out = run_cli(tmp_path / "run", *QUICK, "data=synthetic", "data.train_examples=256", "data.test_examples=64",
+                  "trainer.save_model=false")
+    assert out.returncode == 0 and "error:" not in out.stderr, out.stderr[-3000:]
+    assert FIX.search("error: trainer.epochs=0 must be a positive integer: set e.g. trainer.epochs=12")
+    assert not FIX.search("error: something went wrong")
