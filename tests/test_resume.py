@@ -194,7 +194,8 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     assert_nothing_left(tmp_path)
 
 
-@pytest.mark.parametrize("strategy, log_name", [("default", "train"), ("parameter_server", "chief-0")])
+@pytest.mark.parametrize("strategy, log_name", [("default", "train"), ("parameter_server", "chief-0"),
+                                               ("multi_worker_mirrored", "worker-0")])
 def test_sigterm_checkpoints_the_step_it_stopped_at_and_resume_starts_there(tmp_path, strategy, log_name):
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=16384",

@@ -1,8 +1,12 @@
 """What a run's child processes do about their lifetime: none outlives the launcher, and a training
-task stops cleanly on SIGTERM (no TensorFlow here)."""
+task stops cleanly on SIGTERM (TensorFlow only for the handler multi_worker_mirrored needs)."""
+import atexit
 import ctypes
+import os
+import shutil
 import signal
 import sys
+import tempfile
 
 
 def die_with_parent() -> None:
@@ -15,17 +19,51 @@ class Preempted(Exception):
     """SIGTERM stopped training at a step boundary (its checkpoint saved, where checkpoints are on)."""
 
 
+class _Agreed(Exception):
+    """TensorFlow's preemption handler: every worker has reached the step agreed to stop at."""
+
+
 class Preemption:
     """SIGTERM, as a preempted machine or the launcher stopping the run sends it: the step under way
     finishes, a checkpoint of it is saved, and the task exits, so a resume starts from that step.
-    Not for multi_worker_mirrored, whose workers would stop at different steps: TensorFlow's own
-    handler takes SIGTERM there."""
+
+    multi_worker_mirrored workers must all stop at the same step: there TensorFlow's
+    PreemptionCheckpointHandler takes SIGTERM and agrees on the step through the cluster's coordination
+    service (no collective per step). Its own save is left empty: the training loop saves the run's
+    checkpoint, with its position, once due() says so on every worker alike."""
     requested = False
+    _handler = None
 
     @classmethod
-    def watch(cls) -> None:
-        signal.signal(signal.SIGTERM, cls._request)
+    def watch(cls, strategy=None) -> None:
+        """strategy: a MultiWorkerMirroredStrategy, whose workers agree on the step; else SIGTERM is
+        this process's own business."""
+        if strategy is None:
+            signal.signal(signal.SIGTERM, cls._request)
+            return
+        import tensorflow as tf
+
+        scratch = tempfile.mkdtemp(prefix="distrain-preemption-")  # the handler's bookkeeping; nothing is saved
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        cls._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver, tf.train.Checkpoint(), checkpoint_dir=os.path.join(scratch, "agreement"),
+            termination_config=tf.distribute.experimental.TerminationConfig(
+                exit_fn=cls._agree, save_fn=lambda *args, **kwargs: None))
+
+    @classmethod
+    def due(cls) -> bool:
+        """Whether to stop after the step just run. Call it after every training call, on every worker."""
+        if cls._handler is not None and not cls.requested:
+            try:
+                cls._handler.save_checkpoint_if_preempted()
+            except _Agreed:
+                cls.requested = True
+        return cls.requested
 
     @classmethod
     def _request(cls, signum, frame) -> None:
         cls.requested = True
+
+    @staticmethod
+    def _agree() -> None:
+        raise _Agreed()

@@ -25,12 +25,14 @@ def main(argv=None) -> int:
     try:
         task = None
         if cfg.strategy.name in CLUSTER_STRATEGIES:
-            _, task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+            spec, task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
             if task.type == "evaluator":
                 return evaluate(cfg, run_dir, task)
             cluster_lib.check_port_free(task)
             if cfg.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
                 return serve(task)
+            if cfg.strategy.name == "parameter_server":  # the coordinator: up once its ps and workers are
+                cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
         from .strategy import configure_devices, is_chief, make_strategy  # TensorFlow starts here
         from .training import train
 
@@ -39,8 +41,7 @@ def main(argv=None) -> int:
         if task:
             print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})",
                   flush=True)
-        if cfg.strategy.name != "multi_worker_mirrored":
-            Preemption.watch()
+        Preemption.watch(strategy if cfg.strategy.name == "multi_worker_mirrored" else None)
         results, _ = train(cfg, run_dir, strategy)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

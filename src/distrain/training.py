@@ -158,7 +158,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
         runner.begin(steps, progress.step, progress.totals)
         for calls in segments(progress.step, steps, per_call, t.checkpoint_every_steps, epoch * steps):
             progress.step += runner.run(calls, on_nan=(lambda step, e=epoch: diverged(e, step)) if t.stop_on_nan
-                                        else None, stop=lambda: Preemption.requested)
+                                        else None, stop=Preemption.due)
             if saves and progress.step < steps:  # a checkpoint within the epoch (due, or preempted)
                 progress.totals = runner.totals()
                 progress.seconds += time.perf_counter() - start
