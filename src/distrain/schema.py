@@ -350,6 +350,10 @@ def check(cfg: DictConfig) -> DictConfig:
 
 def describe(cfg: DictConfig) -> str:
     """Every key of the composed config: its value, type and meaning (for --help)."""
+    def line(schema, name: str, value, indent: str) -> str:
+        doc = {f.name: f for f in dataclasses.fields(schema)}[name].metadata.get("doc", "")
+        return f"{indent}{name}: {_shown(value) if value is not None else 'null'}  ({_kind(schema, name)}) {doc}"
+
     lines = []
     for group in SCHEMAS:
         node = cfg.get(group)
@@ -358,12 +362,8 @@ def describe(cfg: DictConfig) -> str:
         except ConfigError:
             continue
         lines.append(f"{group}:")
-        for f in dataclasses.fields(schema):
-            value = OmegaConf.select(node, f.name)
-            lines.append(f"  {f.name}: {_shown(value) if value is not None else 'null'}  "
-                         f"({_kind(schema, f.name)}) {f.metadata.get('doc', '')}")
-    lines.append(f"optimizer: {cfg.get('optimizer')}  (one of adam, sgd) the optimizer; its learning rate is "
-                 "trainer.learning_rate")
+        lines += [line(schema, f.name, OmegaConf.select(node, f.name), "  ") for f in dataclasses.fields(schema)]
+    lines.append(line(Root, "optimizer", cfg.get("optimizer"), ""))
     return "\n".join(lines)
 
 
