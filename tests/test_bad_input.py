@@ -61,7 +61,7 @@ CASES = [
     ("bool-maybe", ["trainer.mixed_precision=maybe"], "trainer.mixed_precision=maybe must be true or false"),
     ("bool-perhaps", ["trainer.jit_compile=perhaps"], "trainer.jit_compile=perhaps must be true or false"),
     ("bool-save", ["trainer.save_model=nope"], "trainer.save_model=nope must be true or false"),
-    ("bool-resume", ["trainer.resume=maybe"], "trainer.resume=maybe must be true or false"),
+    ("bool-resume", ["trainer.resume=maybe"], "trainer.resume=maybe is not one of false, true, auto"),
     ("bool-nan", ["trainer.stop_on_nan=sometimes"], "trainer.stop_on_nan=sometimes must be true or false"),
     ("bool-tensorboard", ["trainer.tensorboard=[true]"], "trainer.tensorboard"),
     ("ckpt-steps-text", ["trainer.checkpoint_every_steps=often"], "trainer.checkpoint_every_steps=often"),

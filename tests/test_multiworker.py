@@ -4,6 +4,7 @@ Every test is bounded in time and checks that no process it caused is left behin
 """
 import json
 import os
+import re
 import signal
 import socket
 
@@ -14,7 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from distrain.training import train
-from conftest import alive, assert_nothing_left, finish, make_cfg, run_cli, start, task_pids, wait_until
+from conftest import alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids, wait_until
 
 BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false"]
 
@@ -53,32 +54,51 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     assert_nothing_left(run_dir)
 
 
-def test_killing_a_parameter_server_worker_does_not_stop_training(tmp_path):
+def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "trainer.epochs=10", "trainer.batch_size=32", "trainer.save_model=false")
+                 "trainer.epochs=24", "trainer.batch_size=32", "trainer.save_model=false", "trainer.verbose=2")
+    chief_log, worker_log = run_dir / "logs" / "chief-0.log", run_dir / "logs" / "worker-1.log"
+    epoch_lines = lambda: re.findall(r"Epoch \d+/24 - .*worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
     try:
-        chief_log = run_dir / "logs" / "chief-0.log"
-        wait_until(lambda: chief_log.exists() and "Epoch 2/10" in chief_log.read_text(), proc, "epoch 2")
+        wait_until(lambda: chief_log.exists() and "Epoch 2/24" in chief_log.read_text(), proc, "epoch 2")
         cluster = json.loads((run_dir / "cluster.json").read_text())
         if cluster["network"] == "private network namespace":  # where the platform allows one
             for address in [a for addresses in cluster["cluster"].values() for a in addresses]:
                 host, port = address.split(":")
                 with pytest.raises(ConnectionRefusedError):  # the servers are unreachable from outside
                     socket.create_connection((host, int(port)), timeout=5).close()
-        victim = next(t for t in cluster["tasks"] if t["name"] == "worker-1")
-        os.kill(victim["pid"], signal.SIGKILL)
-        out = finish(proc)
+        kill_task(run_dir, "worker-1")
+        wait_until(lambda: "ready" in worker_log.read_text().partition("--- restart 1 ---")[2], proc, "restart")
+        seen = len(epoch_lines())  # the epoch after the next one is scheduled wholly after the restart
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        out = finish(proc)
     assert proc.returncode == 0, out[-4000:]
-    assert "task worker-1 exited with status -9: training carries on" in out
+    assert "task worker-1 exited with status -9: restarting it on its own address" in out
     results = json.loads((run_dir / "results.json").read_text())
-    assert len(results["history"]["loss"]) == 10 and results["test_accuracy"] > 0.5
-    assert results["worker_steps"]["0"] > results["worker_steps"]["1"] > 0  # worker 0 did the rest
-    states = {t["name"]: t["state"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
-    assert states["worker-1"] == "exited -9" and states["chief-0"] == "exited 0"
+    assert len(results["history"]["loss"]) == 24 and results["test_accuracy"] > 0.5
+    before = int(epoch_lines()[seen])
+    assert int(results["worker_steps"]["1"]) > before > 0  # the restarted worker trained again
+    assert results["task_restarts"] == [{"task": "worker-1", "exit_status": -9, "restarted": "it on its own address"}]
+    tasks = {t["name"]: t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
+    assert tasks["worker-1"]["restarts"] == 1 and tasks["worker-0"]["restarts"] == 0
+    assert "Failed to connect" not in out  # the coordinator's retries stay in its log
+    assert_nothing_left(run_dir)
+
+
+def test_with_max_restarts_0_a_killed_parameter_server_worker_ends_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
+                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.save_model=false", "cluster.max_restarts=0")
+    chief_log = run_dir / "logs" / "chief-0.log"
+    try:
+        wait_until(lambda: chief_log.exists() and "Epoch 2/50" in chief_log.read_text(), proc, "epoch 2")
+        kill_task(run_dir, "worker-1")
+    finally:
+        out = finish(proc)
+    assert proc.returncode == 247, out[-4000:]  # -9 as an exit status
+    assert "error: task worker-1 exited with status -9; the end of its log" in out
+    assert not (run_dir / "results.json").exists()
     assert_nothing_left(run_dir)
 
 

@@ -145,6 +145,25 @@ def test_bad_resumes_are_one_line(tmp_path, setup, args, message):
     assert sum(line.startswith("error:") for line in text.splitlines()) == 1
 
 
+def test_resume_auto_starts_a_new_run_then_goes_on_from_its_checkpoint(tmp_path):
+    """What a task restarted by its orchestrator (a Kubernetes pod) runs, every time, with one command."""
+    base = ["data=synthetic", "data.train_examples=256", "data.test_examples=64", "trainer.batch_size=64",
+            "trainer.verbose=2", "model=mlp", "trainer.resume=auto", f"trainer.checkpoint_dir={tmp_path / 'shared'}"]
+    first = run_cli(tmp_path / "run", *base, "trainer.epochs=1")
+    assert first.returncode == 0, first.stdout[-2000:]
+    assert "trainer.resume=auto: no checkpoint in" in first.stdout + first.stderr
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["resumed_from_step"] is None
+    again = run_cli(tmp_path / "run", *base, "trainer.epochs=2")
+    assert again.returncode == 0, again.stdout[-2000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["resumed_from_step"] == 4 and results["global_steps"] == 8 and results["restarts"] == 1
+    # A run directory of its own (no config.yaml there) with the shared checkpoints: they are resumed.
+    elsewhere = run_cli(tmp_path / "other", *base, "trainer.epochs=3")
+    assert elsewhere.returncode == 0, elsewhere.stdout[-2000:]
+    results = json.loads((tmp_path / "other" / "results.json").read_text())
+    assert results["resumed_from_step"] == 8 and len(results["history"]["loss"]) == 3
+
+
 def test_an_incompatible_checkpoint_is_refused(tmp_path):
     train(small("trainer.save_model=true", "model=mlp"), tmp_path)
     with pytest.raises(ConfigError, match="cannot be resumed"):

@@ -87,8 +87,18 @@ RESUME_MAY_CHANGE = ("trainer.epochs", "trainer.verbose", "trainer.resume")
 def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     """trainer.resume=true: the config of the run in run_dir, which is authoritative; this command's
     overrides may only raise the epochs (or change verbosity), and one that contradicts the run is
-    an error. Also checks that there is a checkpoint to resume from."""
+    an error. Also checks that there is a checkpoint to resume from.
+
+    trainer.resume=auto (a task that an orchestrator may restart): the same if there is a checkpoint
+    (the run's config.yaml authoritative if it has one, else this command's), else a new run."""
     saved_path = Path(run_dir) / "config.yaml"
+    auto = cfg.trainer.resume == "auto"
+    if auto:
+        base = OmegaConf.load(saved_path) if saved_path.exists() else cfg
+        if not has_checkpoint(base, run_dir):
+            return OmegaConf.merge(cfg, {"trainer": {"resume": False}})
+        if not saved_path.exists():
+            return OmegaConf.merge(cfg, {"trainer": {"resume": True}})
     if not saved_path.exists():
         raise ConfigError(f"trainer.resume=true but {run_dir} holds no earlier run (no config.yaml): "
                           "set hydra.run.dir to the run directory to resume, e.g. outputs/DATE/TIME")
@@ -110,8 +120,16 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     merged = OmegaConf.merge(saved, {"trainer": {"resume": True}})
     for key, value in changes.items():
         OmegaConf.update(merged, key, value)
-    directory = Path(merged.trainer.checkpoint_dir or Path(run_dir) / "checkpoints")
-    if not (directory / "checkpoint").exists():
-        raise ConfigError(f"trainer.resume=true but {directory} holds no checkpoint to resume from: "
-                          "resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
+    if not has_checkpoint(merged, run_dir):
+        raise ConfigError(f"trainer.resume=true but {checkpoint_dir(merged, run_dir)} holds no checkpoint to resume "
+                          "from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
     return merged
+
+
+def checkpoint_dir(cfg: DictConfig, run_dir: Path) -> Path:
+    """Where the chief keeps the run's checkpoints: trainer.checkpoint_dir, else <run dir>/checkpoints."""
+    return Path(cfg.trainer.checkpoint_dir or Path(run_dir) / "checkpoints")
+
+
+def has_checkpoint(cfg: DictConfig, run_dir: Path) -> bool:
+    return (checkpoint_dir(cfg, run_dir) / "checkpoint").exists()  # CheckpointManager's index

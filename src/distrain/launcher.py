@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import data, report
 from .cluster import READY
-from .config import CLUSTER_STRATEGIES, ConfigError, resumed, validate
+from .config import CLUSTER_STRATEGIES, ConfigError, checkpoint_dir, has_checkpoint, resumed, validate
 from .process import die_with_parent
 
 log = logging.getLogger("distrain")
@@ -38,16 +39,20 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
-# TensorFlow's start-up lines that no setting hides any more: kept in the task logs, not shown on the terminal.
-STARTUP_NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom operations are on",
+# TensorFlow's lines that no setting hides any more: kept in the task logs, not shown on the terminal. Its
+# start-up, and the coordinator's retries while a parameter-server worker is down (the launcher says why).
+NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom operations are on",
                  b"Could not find cuda drivers", b"failed call to cuInit", b"Unable to register cu",
                  b"computation placer already registered", b"TF-TRT Warning",
                  b"This TensorFlow binary is optimized", b"To enable the following instructions",
-                 b"GeneratorDatasetOp::Dataset will not be optimized")
+                 b"GeneratorDatasetOp::Dataset will not be optimized",
+                 b"function remotely due to failed to connect", b"Additional GRPC error information from remote",
+                 b"This could happen if the remote target has been", b":UNKNOWN:Error received from peer",
+                 b"Ignoring an error encountered when deleting remote tensors")
 
 
 def is_noise(line: bytes) -> bool:
-    return any(pattern in line for pattern in STARTUP_NOISE)
+    return any(pattern in line for pattern in NOISE)
 
 
 @dataclass
@@ -78,12 +83,16 @@ class Restarts:
 
     def __init__(self, limit: int):
         self.limit, self.done = limit, []
+        self.per_task = Counter()  # times each task was started again
+
 
     def allow(self, task, code: int) -> bool:
         return code != 2 and len(self.done) < self.limit
 
-    def take(self, task, code: int, what: str) -> None:
+    def take(self, task, code: int, what: str, restarted: list) -> None:
+        """`task` exited with `code`: the `restarted` tasks start again."""
         self.done.append({"task": task.name, "exit_status": code, "restarted": what})
+        self.per_task.update(t.name for t in restarted)
         log.warning("task %s exited with status %d: restarting %s (restart %d of %d, cluster.max_restarts)",
                     task.name, code, what, len(self.done), self.limit)
 
@@ -99,14 +108,16 @@ class Task:
     """One child process. `name` prefixes its lines (when several share the terminal) and names its log.
 
     main: the run is over once every main task has exited.  essential: its failure ends the run,
-    or restarts the cluster (a parameter-server worker's does not: the coordinator carries on with
-    the others; nor does a sidecar evaluator's).
+    or restarts the cluster (a sidecar evaluator's does not).  alone: it is restarted on its own, on
+    the same address (a parameter-server worker: the coordinator retries its functions on the others
+    meanwhile, then schedules on it again once it answers).
     """
     name: str
     argv: list
     env: dict = field(default_factory=dict)
     main: bool = True
     essential: bool = True
+    alone: bool = False
     spec: object = None  # the cluster.TaskSpec, for cluster tasks
     cores: set = None  # CPU affinity, when pinned
     proc: subprocess.Popen = None
@@ -114,6 +125,7 @@ class Task:
     restarts: int = 0
 
     def start(self, run_dir: Path, prefix: str | None) -> None:
+        self.prefix = prefix
         self.log_path = run_dir / "logs" / f"{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ready = False
@@ -214,8 +226,14 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                     continue
                 seen.add(task.name)
                 on_change and on_change("running")
+                if code and task.alone and restarts and restarts.allow(task, code):
+                    restarts.take(task, code, "it on its own address", [task])
+                    task.restarts = restarts.per_task[task.name]
+                    task.start(run_dir, task.prefix)
+                    seen.discard(task.name)
+                    continue
                 if code and task.essential and restarts and restarts.allow(task, code):
-                    restarts.take(task, code, "the cluster from its latest checkpoint")
+                    restarts.take(task, code, "the cluster from its latest checkpoint", tasks)
                     outcome = Outcome(code, "restarting", f"task {task.name} exited with status {code}", restart=True)
                     return outcome
                 if code and task.essential:
@@ -226,8 +244,7 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                               f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
                     return outcome
                 if code:
-                    log.warning("task %s exited with status %d: training carries on with the other workers",
-                                task.name, code)
+                    log.warning("task %s exited with status %d: the run goes on without it", task.name, code)
             if all(t.proc.poll() is not None for t in tasks if t.main):  # failures returned above
                 for task in tasks:
                     if task.proc.poll() is not None:  # (servers still running are stopped below)
@@ -294,10 +311,15 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
     config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
     try:
-        if cfg.trainer.resume:
-            cfg = resumed(cfg, run_dir, list(overrides))
-            log.info("resuming the run in %s", run_dir)
         cfg = validate(cfg)
+        if cfg.trainer.resume:
+            auto = cfg.trainer.resume == "auto"
+            cfg = validate(resumed(cfg, run_dir, list(overrides)))
+            if cfg.trainer.resume:
+                log.info("resuming the run in %s", run_dir)
+            elif auto:
+                log.info("trainer.resume=auto: no checkpoint in %s yet, so the run starts from the beginning",
+                         checkpoint_dir(cfg, run_dir))
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
@@ -327,8 +349,8 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
     """Every task of the cluster as a process on this machine, inside a private network if possible.
 
     An essential task that dies restarts the whole cluster, which resumes from its latest checkpoint
-    (every synchronous worker needs every other; the ps tasks hold the only copy of the variables),
-    up to cluster.max_restarts times in all."""
+    (every synchronous worker needs every other; the ps tasks hold the only copy of the variables); a
+    parameter-server worker is restarted alone. Up to cluster.max_restarts restarts in all."""
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
     restarts = Restarts(c.max_restarts)
@@ -349,7 +371,7 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
         while True:
             spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker)
             for task in tasks:  # after a restart of the cluster, each task's log goes on
-                task.restarts = len(restarts.done)
+                task.restarts = restarts.per_task[task.name]
             log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
 
             def write_cluster_json(status: str):
@@ -377,8 +399,8 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int) -> tuple[
             env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
             serves = strategy == "parameter_server" and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if c.pin_workers and task_type == "worker" else None
-            tasks.append(Task(task.name, net.wrap(argv), env, main=not serves,
-                              essential=not (serves and task_type == "worker"), spec=task, cores=pinned))
+            tasks.append(Task(task.name, net.wrap(argv), env, main=not serves, alone=serves and task_type == "worker",
+                              spec=task, cores=pinned))
     if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
         evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
         env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
@@ -389,9 +411,8 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int) -> tuple[
 
 def _resuming(cfg, run_dir: Path):
     """The config for a restarted cluster: resume from the latest checkpoint if there is one."""
-    directory = Path(cfg.trainer.checkpoint_dir or run_dir / "checkpoints")
-    if not (directory / "checkpoint").exists():
-        log.warning("no checkpoint yet in %s: the cluster starts from the beginning", directory)
+    if not has_checkpoint(cfg, run_dir):
+        log.warning("no checkpoint yet in %s: the cluster starts from the beginning", checkpoint_dir(cfg, run_dir))
         return cfg
     cfg = OmegaConf.merge(cfg, {"trainer": {"resume": True}})
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # what the restarted tasks read

@@ -92,7 +92,9 @@ class Trainer:
                                       "ends only)", NOT_NEGATIVE)
     checkpoint_dir: Optional[str] = key(None, "null: <run dir>/checkpoints; on a real cluster, storage every "
                                         "task can read")
-    resume: bool = key(False, "go on from the latest checkpoint of the run in hydra.run.dir")
+    resume: Any = key(False, "true: go on from the latest checkpoint of the run in hydra.run.dir; auto: the "
+                      "same if there is one, else start (for tasks an orchestrator restarts)",
+                      one_of(False, True, "auto"))
     stop_on_nan: bool = key(True, "stop at the step the loss becomes NaN or infinite, keeping the last good "
                             "checkpoint")
     verbose: int = key(1, "0 silent, 1 progress bar, 2 one line per epoch", one_of(0, 1, 2))

@@ -10,7 +10,7 @@ import tf_keras as keras
 
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
-from .config import ConfigError, Diverged, check_batch_divides
+from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
 from .model import build_model, compile_model, hits, make_optimizer
 from .process import Preempted, Preemption
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
@@ -64,7 +64,8 @@ def train(cfg, run_dir: Path, strategy=None):
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
     out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-"))
-    saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir, chief)) if t.save_model else None
+    saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir) if chief else out_dir / "checkpoints") \
+        if t.save_model else None
     progress = Progress()
     if t.resume:  # every task reads the chief's checkpoints
         progress = resume(saves or Checkpoints(model, optimizer, out_dir), checkpoint_dir(cfg, run_dir), steps)
@@ -365,13 +366,6 @@ def placement_table(variables, num_ps: int) -> str:
             spec = tf.DeviceSpec.from_string(shard.device)
             lines.append(f"  {shard.name:<40} {str(tuple(shard.shape)):<16} {spec.job}:{spec.task}")
     return "\n".join(lines)
-
-
-def checkpoint_dir(cfg, run_dir: Path, chief: bool = True) -> Path:
-    """Where ckpt-<epoch> goes: trainer.checkpoint_dir if set (the chief's), else <run dir>/checkpoints."""
-    if chief and cfg.trainer.checkpoint_dir:
-        return Path(cfg.trainer.checkpoint_dir)
-    return run_dir / "checkpoints"
 
 
 def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
