@@ -27,6 +27,14 @@ def test_help_is_instant_and_lists_the_groups(tmp_path):
         capture_output=True, text=True, check=True).stdout
 
 
+def test_cfg_job_prints_a_valid_config_and_runs_nothing(tmp_path):
+    """The control of the catalogue's --cfg cases: checked like a run, a valid config is printed as is."""
+    out = run_cli(tmp_path / "run", "strategy=mirrored", "--cfg", "job", "trainer.epochs=3", timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "name: mirrored" in out.stdout and "epochs: 3" in out.stdout and not out.stderr.strip()
+    assert not (tmp_path / "run").exists()
+
+
 def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path):
     """`python train.py` with no choices (download off so the test never needs the network)."""
     run_dir = tmp_path / "run"

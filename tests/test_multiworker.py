@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import time
 
 import numpy as np
 import portpicker
@@ -99,6 +100,29 @@ def test_with_max_restarts_0_a_killed_parameter_server_worker_ends_the_run(tmp_p
     assert proc.returncode == 247, out[-4000:]  # -9 as an exit status
     assert "error: task worker-1 exited with status -9; the end of its log" in out
     assert not (run_dir / "results.json").exists()
+    assert_nothing_left(run_dir)
+
+
+@pytest.mark.parametrize("strategy, says", [
+    ("multi_worker_mirrored", "[worker-0] error: worker 1 stopped answering for 5 s (cluster.peer_timeout)"),
+    ("parameter_server", "error: task chief-0 made no progress for 5 s (cluster.peer_timeout)")])
+def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, says):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
+                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.peer_timeout=5",
+                 "cluster.max_restarts=0")
+    log = run_dir / "logs" / ("chief-0.log" if strategy == "parameter_server" else "worker-0.log")
+    try:
+        wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
+        kill_task(run_dir, "worker-1", signal.SIGSTOP)  # alive, but it never answers again
+        hung = time.monotonic()
+        out = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]
+    assert time.monotonic() - hung < 5 + 20  # detection, then the stopped task is stopped for good
+    assert says in out and "Traceback" not in out, out[-3000:]
     assert_nothing_left(run_dir)
 
 

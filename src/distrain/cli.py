@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
@@ -15,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import launcher, report, schema, sweep
+from .config import ConfigError, validate
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM
@@ -71,6 +73,17 @@ Hydra's own options: --hydra-help. The resolved config of these choices: --cfg j
 OmegaConf.register_new_resolver("distrain.help", lambda _root_: _help(_root_), replace=True)
 
 
+def _run_dir(cluster: str, default: str) -> str:
+    """The run directory: the tasks of one Slurm job step share one, named by the job and step (a
+    requeued job finds its own again); else the clock names it."""
+    if cluster == "slurm" and "SLURM_JOB_ID" in os.environ:
+        return f"outputs/slurm/{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+    return default
+
+
+OmegaConf.register_new_resolver("distrain.run_dir", _run_dir, replace=True)
+
+
 def _error_line(exc: Exception) -> str:
     """One line for an error of Hydra or OmegaConf while composing the config."""
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
@@ -94,9 +107,9 @@ VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--con
 INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
-def _flags_first(argv: list) -> list:
-    """The arguments with Hydra's options before the overrides: `strategy=mirrored --cfg job trainer.epochs=3`
-    means what `--cfg job strategy=mirrored trainer.epochs=3` means (argparse takes overrides only in one run)."""
+def _flags_first(argv: list) -> tuple[list, list]:
+    """Hydra's options, and the overrides: `strategy=mirrored --cfg job trainer.epochs=3` means what
+    `--cfg job strategy=mirrored trainer.epochs=3` means (argparse takes overrides only in one run)."""
     flags, overrides, rest = [], [], list(argv)
     while rest:
         arg = rest.pop(0)
@@ -107,7 +120,16 @@ def _flags_first(argv: list) -> list:
         takes = arg in VALUED_FLAGS or (arg in ("--info", "-i") and rest and rest[0] in INFO_TOPICS)
         if takes and rest:
             flags.append(rest.pop(0))
-    return flags + overrides
+    return flags, overrides
+
+
+def _check_printed_config(flags: list, overrides: list) -> None:
+    """`--cfg job` prints the config instead of running it: it is checked as a run would check it, so
+    that a value a run refuses is not shown as if it were fine. (Not for sweeps: a,b is no value.)"""
+    shown = {flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--cfg", "-c")}
+    if shown & {"job", "all"} and not {"-m", "--multirun"} & set(flags):
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            validate(compose(config_name="config", overrides=overrides))
 
 
 def main() -> None:
@@ -117,9 +139,14 @@ def main() -> None:
     # HYDRA_FULL_ERROR=1 gets the traceback instead.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    sys.argv[1:] = _flags_first(sys.argv[1:])
+    flags, overrides = _flags_first(sys.argv[1:])
+    sys.argv[1:] = flags + overrides
     try:
+        _check_printed_config(flags, overrides)
         run()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except (HydraException, OmegaConfBaseException) as exc:
         if full_error:
             raise

@@ -126,6 +126,67 @@ def from_manual(cluster, strategy: str) -> tuple[dict, TaskSpec]:
     return spec, check_task(spec, cluster.task_type, cluster.task_index)
 
 
+def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
+    """The cluster and this task from the variables srun sets, one process per Slurm task. Ranks are
+    laid on the nodes in order (Slurm's default block distribution); a task's port is
+    cluster.port_base plus its place on its node. Roles go by rank: multi_worker_mirrored, all
+    workers; parameter_server, the chief, then cluster.ps ps tasks, then the workers; an evaluator last."""
+    if "SLURM_PROCID" not in env or "SLURM_STEP_NODELIST" not in env:
+        raise ConfigError("cluster=slurm runs as the tasks of a Slurm job step: start it with srun, e.g. "
+                          "srun -n 2 python train.py strategy=multi_worker_mirrored cluster=slurm")
+    rank, ntasks = int(env["SLURM_PROCID"]), int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+    nodes = slurm_hostnames(env["SLURM_STEP_NODELIST"])
+    addresses = [f"{node}:{cluster.port_base + i}"
+                 for node, n in zip(nodes, slurm_counts(env["SLURM_STEP_TASKS_PER_NODE"])) for i in range(n)]
+    mine = f"{env.get('SLURMD_NODENAME', nodes[0])}:{cluster.port_base + int(env.get('SLURM_LOCALID', 0))}"
+    if len(addresses) != ntasks or addresses[rank] != mine:
+        raise ConfigError(f"Slurm placed task {rank} as {mine}, not in rank order on the nodes: run srun with "
+                          "the default block distribution (srun -m block)")
+    evaluators = 1 if cluster.evaluator else 0
+    if strategy == "parameter_server":
+        need = 1 + max(cluster.ps, 1) + 1 + evaluators
+        if cluster.ps < 1 or ntasks < need:
+            raise ConfigError(f"strategy=parameter_server with cluster.ps={cluster.ps} needs at least {need} Slurm "
+                              f"tasks (a chief, {max(cluster.ps, 1)} ps, a worker{', an evaluator' if evaluators else ''}); "
+                              f"this step has {ntasks}: set cluster.ps=1 or more, and srun -n {need} or more")
+        roles = ["chief"] + ["ps"] * cluster.ps + ["worker"] * (ntasks - 1 - cluster.ps - evaluators)
+    else:
+        if cluster.ps:
+            raise ConfigError(f"strategy={strategy} takes no ps tasks: drop cluster.ps={cluster.ps} "
+                              "or use strategy=parameter_server")
+        if ntasks < 1 + evaluators:
+            raise ConfigError(f"cluster.evaluator=true needs a Slurm task besides the workers; this step has "
+                              f"{ntasks}: srun -n {1 + evaluators} or more")
+        roles = ["worker"] * (ntasks - evaluators)
+    roles += ["evaluator"] * evaluators
+    spec = {}
+    for role, address in zip(roles, addresses):
+        spec.setdefault(role, []).append(address)
+    spec = check_spec(spec, strategy)
+    return spec, TaskSpec(roles[rank], roles[:rank].count(roles[rank]), addresses[rank])
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """Slurm's compressed node list (node[01-03],gpu7) as host names, by Slurm's own scontrol."""
+    if "[" not in nodelist:
+        return nodelist.split(",")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError(f"cannot expand Slurm's node list {nodelist!r} ({exc}): run on a node with scontrol") from None
+    return out.split()
+
+
+def slurm_counts(tasks_per_node: str) -> list[int]:
+    """SLURM_STEP_TASKS_PER_NODE, e.g. '2(x3),1', as one count per node: [2, 2, 2, 1]."""
+    counts = []
+    for part in tasks_per_node.split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    return counts
+
+
 def local_spec(strategy: str, workers: int, ps: int, host: str = "127.0.0.1") -> dict:
     """A cluster on this machine, ports picked free. Parameter servers get a chief (the coordinator)."""
     counts = {"worker": workers}

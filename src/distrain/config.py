@@ -5,7 +5,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from . import schema
-from .errors import ConfigError, Diverged  # noqa: F401 - where the other modules import them from
+from .errors import ConfigError, Diverged, PeerLost  # noqa: F401 - where the other modules import them from
 
 CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 

@@ -7,3 +7,8 @@ class ConfigError(Exception):
 
 class Diverged(ConfigError):
     """The loss became NaN or infinite: training stops there, since going on cannot help."""
+
+
+class PeerLost(Exception):
+    """A task of the cluster died or stopped answering mid-training: one line, exit status 1 (a
+    restart from the latest checkpoint can help, unlike a ConfigError)."""

@@ -48,7 +48,8 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
                  b"GeneratorDatasetOp::Dataset will not be optimized",
                  b"function remotely due to failed to connect", b"Additional GRPC error information from remote",
                  b"This could happen if the remote target has been", b":UNKNOWN:Error received from peer",
-                 b"Ignoring an error encountered when deleting remote tensors")
+                 b"Ignoring an error encountered when deleting remote tensors",
+                 b"MultiDeviceSaver.save.<locals>.tf_function_save")  # its checkpoints under parameter servers
 
 
 def is_noise(line: bytes) -> bool:
@@ -85,22 +86,20 @@ class Restarts:
         self.limit, self.done = limit, []
         self.per_task = Counter()  # times each task was started again
 
-
     def allow(self, task, code: int) -> bool:
         return code != 2 and len(self.done) < self.limit
 
-    def take(self, task, code: int, what: str, restarted: list) -> None:
-        """`task` exited with `code`: the `restarted` tasks start again."""
+    def take(self, task, code: int | None, why: str, what: str, restarted: list) -> None:
+        """`task` exited with `code` (None: it hung), as `why` says: the `restarted` tasks start again."""
         self.done.append({"task": task.name, "exit_status": code, "restarted": what})
         self.per_task.update(t.name for t in restarted)
-        log.warning("task %s exited with status %d: restarting %s (restart %d of %d, cluster.max_restarts)",
-                    task.name, code, what, len(self.done), self.limit)
+        log.warning("%s: restarting %s (restart %d of %d, cluster.max_restarts)", why, what, len(self.done),
+                    self.limit)
 
-    def exhausted(self, task, code: int) -> str:
-        return (f"task {task.name} exited with status {code} and the cluster was restarted "
-                f"{len(self.done)} time(s) already (cluster.max_restarts={self.limit}); "
-                "raise cluster.max_restarts, or read its log for why it keeps dying") if self.done else \
-            f"task {task.name} exited with status {code}"
+    def exhausted(self, why: str) -> str:
+        return (f"{why} and the cluster was restarted {len(self.done)} time(s) already "
+                f"(cluster.max_restarts={self.limit}); raise cluster.max_restarts, or read its log for why it "
+                "keeps dying") if self.done else why
 
 
 @dataclass
@@ -123,13 +122,19 @@ class Task:
     proc: subprocess.Popen = None
     ready: bool = False
     restarts: int = 0
+    peer_timeout: float = 0  # > 0: the task keeps a heartbeat (process.Heartbeat) that must not stop this long
+    hung: bool = False
 
     def start(self, run_dir: Path, prefix: str | None) -> None:
         self.prefix = prefix
         self.log_path = run_dir / "logs" / f"{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.ready = False
+        self.ready = self.hung = False
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        if self.peer_timeout:
+            self.heartbeat = self.log_path.with_suffix(".heartbeat")
+            self.heartbeat.unlink(missing_ok=True)
+            env["DISTRAIN_HEARTBEAT"] = str(self.heartbeat)
         self.proc = subprocess.Popen(
             self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # our signal handling decides when it stops, not the terminal's
@@ -175,8 +180,17 @@ class Task:
             if pending:
                 logfile.write(pending.rsplit(b"\r", 1)[-1] + b"\n")
 
+    def stalled(self) -> bool:
+        """Its heartbeat, once it keeps one, stopped for longer than peer_timeout."""
+        try:
+            return self.peer_timeout > 0 and time.time() - self.heartbeat.stat().st_mtime > self.peer_timeout
+        except (AttributeError, FileNotFoundError):  # no heartbeat (yet, or any more)
+            return False
+
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
+            if self.hung or _stopped(self.proc.pid):  # stuck or frozen: it cannot save, nor act on SIGTERM
+                sig = signal.SIGKILL
             try:
                 os.killpg(self.proc.pid, sig)  # the task's whole process group
             except ProcessLookupError:
@@ -196,6 +210,14 @@ class Task:
                 "address": spec.address if spec else None, "pid": self.proc.pid if self.proc else None,
                 "cores": sorted(self.cores) if self.cores else None,
                 "state": state, "restarts": self.restarts, "log": str(self.log_path)}
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] in ("T", "t")  # the state, after the command's name
 
 
 def indented(lines: list) -> str:
@@ -220,26 +242,34 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
             task.start(run_dir, prefix=f"[{' '.join(names)}] " if names else None)
         on_change and on_change("running")
         while True:
-            for task in tasks:
+            # A task killed by a signal first: the others it takes down with it exit on their own after.
+            for task in sorted(tasks, key=lambda t: (t.proc.poll() or 0) >= 0):
                 code = task.proc.poll()
-                if code is None or task.name in seen:
+                if code is None and task.stalled():  # alive, but stuck waiting on a peer
+                    task.hung, code = True, 1
+                    why = (f"task {task.name} made no progress for {task.peer_timeout:g} s (cluster.peer_timeout): "
+                           "a worker or ps task it waits for stopped answering")
+                elif code is None or task.name in seen:
                     continue
+                else:
+                    why = f"task {task.name} exited with status {code}"
                 seen.add(task.name)
                 on_change and on_change("running")
                 if code and task.alone and restarts and restarts.allow(task, code):
-                    restarts.take(task, code, "it on its own address", [task])
+                    restarts.take(task, code, why, "it on its own address", [task])
                     task.restarts = restarts.per_task[task.name]
                     task.start(run_dir, task.prefix)
                     seen.discard(task.name)
                     continue
                 if code and task.essential and restarts and restarts.allow(task, code):
-                    restarts.take(task, code, "the cluster from its latest checkpoint", tasks)
-                    outcome = Outcome(code, "restarting", f"task {task.name} exited with status {code}", restart=True)
+                    restarts.take(task, None if task.hung else code, why, "the cluster from its latest checkpoint",
+                                  tasks)
+                    outcome = Outcome(code, "restarting", why, restart=True)
                     return outcome
                 if code and task.essential:
-                    outcome = Outcome(code, "failed", restarts.exhausted(task, code) if restarts else
-                                      f"task {task.name} exited with status {code}", task.log_tail())
-                    if len(tasks) > 1:  # its lines were mixed with the others': recap them
+                    outcome = Outcome(code, "failed", restarts.exhausted(why) if restarts else why, task.log_tail())
+                    said = any(line.startswith("error:") for line in outcome.log_tail)  # its own line: enough
+                    if (len(tasks) > 1 or task.hung) and not said:  # (its lines were mixed with the others')
                         print(f"error: {outcome.error}; the end of its log ({task.log_path}):\n"
                               f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
                     return outcome
@@ -323,14 +353,15 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
-            spec, task = (cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
-                          if cfg.cluster.name == "tf_config" else cluster_lib.from_manual(cfg.cluster, cfg.strategy.name))
+            spec, task = {"tf_config": lambda: cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name),
+                          "manual": lambda: cluster_lib.from_manual(cfg.cluster, cfg.strategy.name),
+                          "slurm": lambda: cluster_lib.from_slurm(cfg.cluster, cfg.strategy.name)}[cfg.cluster.name]()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return _finish(Outcome(2, "failed", f"error: {exc}"), run_dir, job)
     log.info("data: %s from source %s (%s)", cfg.data.name, source, why)
     config_path = run_dir / "config.yaml"
-    OmegaConf.save(cfg, config_path, resolve=True)
+    report.write_text(config_path, OmegaConf.to_yaml(cfg, resolve=True))  # whole, though every task writes it
     (logging.getLogger("distrain.config") if job else log).info(
         "config (also in %s):\n%s", config_path, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(config_path)]
@@ -341,7 +372,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job)
     # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
     log.info("this process is task %s:%d of %s", task.type, task.index, spec)
-    return _finish(run_tasks([Task(task.name, argv, cluster_lib.task_env(spec, task), spec=task)], run_dir,
+    return _finish(run_tasks([Task(task.name, argv, cluster_lib.task_env(spec, task), spec=task,
+                                   peer_timeout=coordinator_timeout(cfg, task.type))], run_dir,
                              startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job)
 
 
@@ -400,7 +432,7 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int) -> tuple[
             serves = strategy == "parameter_server" and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if c.pin_workers and task_type == "worker" else None
             tasks.append(Task(task.name, net.wrap(argv), env, main=not serves, alone=serves and task_type == "worker",
-                              spec=task, cores=pinned))
+                              spec=task, cores=pinned, peer_timeout=coordinator_timeout(cfg, task_type)))
     if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
         evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
         env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
@@ -409,13 +441,18 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int) -> tuple[
     return spec, tasks
 
 
+def coordinator_timeout(cfg, task_type: str) -> float:
+    """The parameter-server chief keeps a heartbeat, which must not stop for cluster.peer_timeout."""
+    return cfg.cluster.peer_timeout if cfg.strategy.name == "parameter_server" and task_type == "chief" else 0
+
+
 def _resuming(cfg, run_dir: Path):
     """The config for a restarted cluster: resume from the latest checkpoint if there is one."""
     if not has_checkpoint(cfg, run_dir):
         log.warning("no checkpoint yet in %s: the cluster starts from the beginning", checkpoint_dir(cfg, run_dir))
         return cfg
     cfg = OmegaConf.merge(cfg, {"trainer": {"resume": True}})
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # what the restarted tasks read
+    report.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # what the restarted tasks read
     return cfg
 
 

@@ -7,6 +7,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 
 
 def die_with_parent() -> None:
@@ -67,3 +68,29 @@ class Preemption:
     @staticmethod
     def _agree() -> None:
         raise _Agreed()
+
+
+
+class Heartbeat:
+    """This task's sign of progress, for the launcher: a file (DISTRAIN_HEARTBEAT) whose time is set
+    at each pet. When it stops for cluster.peer_timeout seconds, the launcher ends the task and says
+    why. A thread in the task could not: TensorFlow holds the interpreter's lock while it waits on a
+    hung peer (registering a checkpoint's function on every task, say), which never times out."""
+
+    def __init__(self, grace: float = 60.0):
+        self.path = os.environ.get("DISTRAIN_HEARTBEAT")
+        self.pet(ahead=grace)  # before the first pet: tracing, and each task's first call
+
+    def pet(self, ahead: float = 0.0) -> None:
+        if self.path:
+            now = time.time() + ahead
+            with open(self.path, "a"):
+                os.utime(self.path, (now, now))
+
+    def stop(self) -> None:
+        """No longer watched: what follows (evaluation, saving the model) waits on no peer."""
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass

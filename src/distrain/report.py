@@ -8,7 +8,7 @@ STATUS = "status.json"
 
 
 def write_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # several tasks may write the same file
     tmp.write_text(text)
     os.replace(tmp, path)  # readers (sweep summaries, tests, a resume) never see half a file
     return path

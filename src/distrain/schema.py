@@ -194,6 +194,8 @@ class Local:
                                             "among the workers)", POSITIVE, example=1)
     pin_workers: bool = key(False, "each worker on cores of its own (CPU affinity)")
     startup_timeout: float = key(60.0, "seconds for every task to come up, else stop with its log", SECONDS)
+    peer_timeout: float = key(30.0, "seconds a task may stop answering mid-training (hung, frozen, cut off) "
+                              "before the run fails naming it", SECONDS)
     isolate: Any = key("auto", "private network namespace: auto (if the platform allows), true (required), false",
                        one_of("auto", True, False))
     max_restarts: int = key(3, "dead tasks restart the cluster (from its checkpoint) this often in all; 0: the "
@@ -204,6 +206,8 @@ class Local:
 class TfConfig:
     name: str = key("tf_config", "this process is one task of the cluster TF_CONFIG describes")
     startup_timeout: float = key(600.0, "seconds to wait for the other tasks, else stop naming them", SECONDS)
+    peer_timeout: float = key(30.0, "seconds a task may stop answering mid-training (hung, frozen, cut off) "
+                              "before the run fails naming it", SECONDS)
 
 
 @dataclass
@@ -214,6 +218,16 @@ class Manual(TfConfig):
     chief_host: Optional[str] = key(None, "the chief's address (parameter_server)", example="h4:2222")
     task_type: Optional[str] = key(None, "this task's role", one_of("chief", "worker", "ps"), example="worker")
     task_index: int = key(0, "this task's index in its role", NOT_NEGATIVE)
+
+
+@dataclass
+class Slurm(TfConfig):
+    name: str = key("slurm", "this process is one task of a Slurm job step (srun): the cluster comes from Slurm")
+    ps: int = key(0, "parameter_server: ps tasks; rank 0 is the chief, then the ps, then the workers",
+                  NOT_NEGATIVE)
+    evaluator: bool = key(False, "the last Slurm task is a sidecar evaluator of each checkpoint")
+    port_base: int = key(23456, "each node's tasks listen on port_base, port_base+1, ...",
+                         Check(lambda v: 1024 <= v <= 65000, "must be a port from 1024 to 65000"))
 
 
 @dataclass
@@ -235,7 +249,7 @@ SCHEMAS = {
     "model": {"cnn": Cnn, "mlp": Mlp},
     "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic},
     "trainer": {"default": Trainer},
-    "cluster": {"local": Local, "tf_config": TfConfig, "manual": Manual},
+    "cluster": {"local": Local, "tf_config": TfConfig, "manual": Manual, "slurm": Slurm},
 }
 
 

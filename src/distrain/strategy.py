@@ -49,8 +49,9 @@ def compute_devices(strategy_cfg) -> list[str]:
     return local_devices_of("GPU") or ["/cpu:0"]
 
 
-def make_strategy(strategy_cfg) -> tf.distribute.Strategy:
-    """Cluster strategies read this task's place in the cluster from TF_CONFIG (the launcher sets it)."""
+def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distribute.Strategy:
+    """Cluster strategies read this task's place in the cluster from TF_CONFIG (the launcher sets it).
+    peer_timeout: seconds after which a multi-worker mirrored peer that stopped answering fails the run."""
     name = strategy_cfg.name
     if name == "default":
         return tf.distribute.get_strategy()
@@ -62,11 +63,13 @@ def make_strategy(strategy_cfg) -> tf.distribute.Strategy:
         return tf.distribute.experimental.CentralStorageStrategy(
             compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device])[0])
     if name == "multi_worker_mirrored":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        if peer_timeout:
+            watch_heartbeats(resolver.cluster_spec(), peer_timeout)
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
                                  strategy_cfg.communication.upper())
         return tf.distribute.MultiWorkerMirroredStrategy(
-            tf.distribute.cluster_resolver.TFConfigClusterResolver(),
-            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+            resolver, communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
     if name == "parameter_server":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         partitioner = None
@@ -76,6 +79,22 @@ def make_strategy(strategy_cfg) -> tf.distribute.Strategy:
                 min_shard_bytes=strategy_cfg.min_shard_bytes, max_shards=strategy_cfg.max_shards or num_ps)
         return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     raise ConfigError(f"strategy={name} is unknown: use one of the options that --help lists")
+
+
+def watch_heartbeats(cluster_spec, seconds: float) -> None:
+    """The coordination service that MultiWorkerMirroredStrategy starts, set up as it does but with
+    our heartbeat timeout: a worker that stops answering (hung, frozen, cut off) aborts the
+    collectives of the others after that long. TensorFlow has no public setting for it; the strategy
+    keeps a service configured before it is built."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(seconds * 1000))
 
 
 def replica_devices(strategy) -> list[str]:

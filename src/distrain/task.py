@@ -5,15 +5,17 @@ under parameter servers, ps and worker tasks serve and wait while the chief (coo
 under multi-worker mirrored, every worker trains and the chief (worker 0) reports.
 """
 import os
+import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import report
-from .config import CLUSTER_STRATEGIES, ConfigError
+from .config import CLUSTER_STRATEGIES, ConfigError, PeerLost
 from .process import Preempted, Preemption, die_with_parent
 
 
@@ -30,22 +32,30 @@ def main(argv=None) -> int:
                 return evaluate(cfg, run_dir, task)
             cluster_lib.check_port_free(task)
             if cfg.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
-                return serve(task)
+                return serve(task, spec if cfg.cluster.name == "slurm" else None)
             if cfg.strategy.name == "parameter_server":  # the coordinator: up once its ps and workers are
                 cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
         from .strategy import configure_devices, is_chief, make_strategy  # TensorFlow starts here
         from .training import train
 
         configure_devices(cfg.strategy)
-        strategy = make_strategy(cfg.strategy)
+        strategy = make_strategy(cfg.strategy, cfg.cluster.peer_timeout if task else None)
         if task:
             print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})",
                   flush=True)
         Preemption.watch(strategy if cfg.strategy.name == "multi_worker_mirrored" else None)
-        results, _ = train(cfg, run_dir, strategy)
+        try:
+            results, _ = train(cfg, run_dir, strategy)
+        except Exception as exc:  # noqa: BLE001 - only a lost peer is translated; anything else is raised again
+            raise lost_peer(exc, cfg) or exc
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except PeerLost as exc:
+        kept = "its latest checkpoint is kept" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
+        print(f"error: {exc}; {kept}: go on with trainer.resume=true", file=sys.stderr,
+              flush=True)
+        os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except Preempted as exc:
         saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
         print(f"stopped by SIGTERM at global step {exc}: {saved}; go on with trainer.resume=true", flush=True)
@@ -54,6 +64,29 @@ def main(argv=None) -> int:
         report.write_results(run_dir, results)
         print(report.summary_line(results), flush=True)
     return 0
+
+
+def lost_peer(exc: Exception, cfg) -> PeerLost | None:
+    """A TensorFlow error that says a peer died or stopped answering (a collective aborted, a
+    parameter server gone), as PeerLost; None for any other error."""
+    import tensorflow as tf
+
+    if isinstance(exc, PeerLost):
+        return exc
+    if not isinstance(exc, tf.errors.OpError):
+        return None
+    text = exc.message
+    hung = re.search(r"unhealthy \(stopped sending heartbeats\):\s*(\S+)", text)
+    if hung:
+        task = re.sub(r"/job:(\w+)/replica:\d+/task:(\d+)", r"\1 \2", hung.group(1))
+        return PeerLost(f"{task} stopped answering for {cfg.cluster.peer_timeout:g} s (cluster.peer_timeout) "
+                        "mid-training")
+    if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError)) or "Collective ops is aborted" in text:
+        cause = re.search(r"aborted by: ([^\n]+)", text) or re.search(r"([^\n]*(?:unavailable|failed to connect|"
+                                                                       r"reset|closed)[^\n]*)", text, re.I)
+        why = f" ({cause.group(1).strip()[:160]})" if cause else ""
+        return PeerLost(f"a task of the cluster was lost mid-training{why}")
+    return None
 
 
 def evaluate(cfg, run_dir: Path, task) -> int:
@@ -65,16 +98,25 @@ def evaluate(cfg, run_dir: Path, task) -> int:
     return 0
 
 
-def serve(task) -> int:
-    """A ps or worker task under parameter servers: a gRPC server that runs what the chief sends."""
+def serve(task, spec: dict | None = None) -> int:
+    """A ps or worker task under parameter servers: a gRPC server that runs what the chief sends,
+    until it is stopped; or, given the cluster `spec` (a Slurm job step, which ends only when every
+    task has), until the chief, once up, is gone."""
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=task.type, task_index=task.index,
                                   protocol="grpc", start=True)
     print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})", flush=True)
-    server.join()  # until the launcher (or the user) stops this task
-    return 0
+    if spec is None:
+        server.join()  # until the launcher (or the user) stops this task
+        return 0
+    chief = {"chief-0": spec["chief"][0]}
+    cluster_lib.wait_for_peers(chief)  # (bounded by the launcher's cluster.startup_timeout)
+    while not cluster_lib.unanswered(chief):
+        time.sleep(2)
+    print(f"task {task.type}:{task.index}: the chief is gone, so this task ends", flush=True)
+    os._exit(0)  # the server has no way to stop; nothing here to save
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
 from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
 from .model import build_model, compile_model, hits, make_optimizer
-from .process import Preempted, Preemption
+from .process import Heartbeat, Preempted, Preemption
 from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
 
 
@@ -88,6 +88,8 @@ def train(cfg, run_dir: Path, strategy=None):
 
     writer = tf.summary.create_file_writer(str(out_dir / "tensorboard" / "train")) if t.tensorboard else None
     run_epochs(runner, progress, t, steps, per_call, saves, writer)
+    if asynchronous:
+        runner.heartbeat.stop()
     history, epoch_seconds = progress.history, progress.epoch_seconds
 
     global_steps = int(optimizer.iterations.numpy())
@@ -293,6 +295,10 @@ class AsyncEpochs:
         self.optimizer = optimizer
         self.worker_steps = [0] * workers
         print(f"coordinator up: {workers} worker(s)", flush=True)
+        # TensorFlow waits without end for a call on a hung worker or ps task (it retries only on
+        # tasks that fail), and so does a checkpoint, which registers a function on every task: the
+        # launcher watches this heartbeat instead.
+        self.heartbeat = Heartbeat()
 
         @tf.function
         def scheduled(iterator, steps):
@@ -307,11 +313,12 @@ class AsyncEpochs:
         then no number. Returns the steps run."""
         remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
                   for steps in calls]
-        self.coordinator.join()
         for steps, value in remote:
-            worker, worker_totals = value.fetch()
+            worker, worker_totals = value.fetch()  # once the call has run, on whichever worker took it
+            self.heartbeat.pet()
             self.worker_steps[int(worker)] += steps
             self.sums += worker_totals
+        self.coordinator.join()
         self.done += sum(calls)
         if on_nan and not np.isfinite(self.sums[0]):
             on_nan(self.done)

@@ -1,0 +1,79 @@
+"""cluster=slurm on a real Slurm: scripts/slurm-local.sh brings up a one-node Slurm on this machine
+(installing slurm-wlm and munge if missing). Where that cannot be done (not root, no apt-get), the
+tests skip and say why. Each test is bounded in time and checks that no process it caused is left.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-local.sh"
+QUICK = ["data=synthetic", "data.train_examples=2048", "data.test_examples=256", "trainer.epochs=2",
+         "trainer.batch_size=64", "trainer.verbose=2"]
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm():
+    """A running Slurm: the one there is, else one started here and stopped after these tests."""
+    running = bool(shutil.which("sinfo")) and subprocess.run(["sinfo"], capture_output=True).returncode == 0
+    if not running:
+        up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=300)
+        if up.returncode != 0:
+            pytest.skip(f"no Slurm here: {up.stderr.strip() or up.stdout.strip()}")
+    yield
+    if not running:
+        subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, timeout=60)
+        left = [d for d in ("slurmd", "slurmctld", "munged") if subprocess.run(["pgrep", "-x", d]).returncode == 0]
+        assert not left, f"Slurm daemons left running: {left}"
+
+
+def srun(tmp_path, ntasks: int, *args, timeout=RUN_TIMEOUT):
+    """srun -n NTASKS python train.py ARGS, from tmp_path (so outputs/ goes there)."""
+    return subprocess.run(["srun", "-n", str(ntasks), "--wait=60", sys.executable, str(TRAIN_PY), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+
+
+def run_dir_of(tmp_path) -> Path:
+    (run_dir,) = (tmp_path / "outputs" / "slurm").iterdir()  # one step: outputs/slurm/JOB.STEP, shared
+    return run_dir
+
+
+def test_multi_worker_mirrored_on_two_slurm_tasks_learns(tmp_path):
+    out = srun(tmp_path, 2, "strategy=multi_worker_mirrored", "cluster=slurm", *QUICK)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["num_workers"] == 2 and results["test_accuracy"] > 0.5
+    assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
+    assert_nothing_left(tmp_path)
+
+
+def test_parameter_server_on_four_slurm_tasks_learns_and_the_step_ends(tmp_path):
+    out = srun(tmp_path, 4, "strategy=parameter_server", "cluster=slurm", "cluster.ps=1", *QUICK)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["num_workers"], results["num_ps"]) == (2, 1) and results["test_accuracy"] > 0.5
+    assert all(n > 0 for n in results["worker_steps"].values())
+    assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == [
+        "chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert out.stdout.count("the chief is gone, so this task ends") == 3  # ps and workers end with it
+    assert_nothing_left(tmp_path)
+
+
+def test_too_few_slurm_tasks_for_the_strategy_is_one_line(tmp_path):
+    out = srun(tmp_path, 2, "strategy=parameter_server", "cluster=slurm", "cluster.ps=1", *QUICK, timeout=120)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode != 0 and len(errors) == 2, out.stderr[-3000:]  # one line from each task
+    assert "needs at least 3 Slurm tasks (a chief, 1 ps, a worker); this step has 2" in errors[0]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert_nothing_left(tmp_path)
