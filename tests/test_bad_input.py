@@ -67,6 +67,8 @@ CASES = [
     ("printed-cross", ["-c", "all", "strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.batch_size=7"],
      "must divide evenly over 2 replicas"),
     ("peer-timeout", ["cluster.peer_timeout=0"], "cluster.peer_timeout=0.0 must be a positive number of seconds"),
+    ("slurm-outside", ["strategy=multi_worker_mirrored", "cluster=slurm"], "cluster=slurm runs as the tasks of a Slurm"),
+    ("slurm-port", ["cluster=slurm", "cluster.port_base=80"], "cluster.port_base=80 must be a port from 1024"),
     ("bool-nan", ["trainer.stop_on_nan=sometimes"], "trainer.stop_on_nan=sometimes must be true or false"),
     ("bool-tensorboard", ["trainer.tensorboard=[true]"], "trainer.tensorboard"),
     ("ckpt-steps-text", ["trainer.checkpoint_every_steps=often"], "trainer.checkpoint_every_steps=often"),

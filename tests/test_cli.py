@@ -20,7 +20,7 @@ def test_help_is_instant_and_lists_the_groups(tmp_path):
     assert out.returncode == 0
     assert ("strategy: central_storage, default, mirrored, multi_worker_mirrored, one_device, "
             "parameter_server") in out.stdout
-    assert "cluster: local, manual, tf_config" in out.stdout
+    assert "cluster: local, manual, slurm, tf_config" in out.stdout
     assert time.perf_counter() - start < 15  # no TensorFlow import (about 1 s when warm)
     assert "tensorflow" not in subprocess.run(
         [sys.executable, "-c", "import sys, distrain.cli; print(sorted(sys.modules))"],

@@ -1,5 +1,6 @@
 """Cluster specs from every source, their one-line errors, and the private network (no TensorFlow)."""
 import json
+import re
 import time
 import socket
 import subprocess
@@ -70,6 +71,38 @@ def test_manual_flags_build_the_same_cluster():
         cluster.from_manual(make_cfg("cluster=manual", "cluster.worker_hosts=[h:1]").cluster, "multi_worker_mirrored")
     with pytest.raises(ConfigError, match="no worker tasks"):
         cluster.from_manual(make_cfg("cluster=manual").cluster, "multi_worker_mirrored")
+
+
+def slurm_env(rank: int, node: str, local: int, tasks=5, nodes="n1,n2", per_node="3,2") -> dict:
+    """What srun sets for one task: here 5 tasks, 3 on n1 and 2 on n2, in rank order (block)."""
+    return {"SLURM_PROCID": str(rank), "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_STEP_NODELIST": nodes,
+            "SLURM_STEP_TASKS_PER_NODE": per_node, "SLURMD_NODENAME": node, "SLURM_LOCALID": str(local)}
+
+
+def test_slurm_ranks_become_chief_ps_and_workers_on_ports_per_node():
+    cfg = make_cfg("strategy=parameter_server", "cluster=slurm", "cluster.ps=1", "cluster.evaluator=true")
+    validate(cfg)
+    spec, task = cluster.from_slurm(cfg.cluster, "parameter_server", slurm_env(3, "n2", 0))
+    assert spec == {"chief": ["n1:23456"], "ps": ["n1:23457"], "worker": ["n1:23458", "n2:23456"],
+                    "evaluator": ["n2:23457"]}
+    assert task == cluster.TaskSpec("worker", 1, "n2:23456")
+    mwm = make_cfg("strategy=multi_worker_mirrored", "cluster=slurm").cluster
+    spec, task = cluster.from_slurm(mwm, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=4, per_node="2(x2)"))
+    assert spec == {"worker": ["n1:23456", "n1:23457", "n2:23456", "n2:23457"]} and task.name == "worker-0"
+    assert cluster.slurm_counts("2(x3),1") == [2, 2, 2, 1]
+
+
+@pytest.mark.parametrize("env, overrides, message", [
+    ({}, [], "cluster=slurm runs as the tasks of a Slurm job step: start it with srun"),
+    (slurm_env(0, "n1", 0, tasks=2, per_node="2", nodes="n1"), ["cluster.ps=1"],
+     "needs at least 3 Slurm tasks (a chief, 1 ps, a worker); this step has 2"),
+    (slurm_env(0, "n1", 0), ["cluster.ps=0"], "needs at least 3 Slurm tasks"),
+    (slurm_env(1, "n2", 0), ["cluster.ps=1"], "not in rank order on the nodes: run srun with the default block"),
+])
+def test_slurm_misfits_are_one_line(env, overrides, message):
+    cfg = make_cfg("strategy=parameter_server", "cluster=slurm", *overrides)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        cluster.from_slurm(cfg.cluster, "parameter_server", env)
 
 
 def test_local_spec_picks_distinct_free_loopback_ports():

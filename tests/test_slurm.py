@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,4 +77,27 @@ def test_too_few_slurm_tasks_for_the_strategy_is_one_line(tmp_path):
     assert out.returncode != 0 and len(errors) == 2, out.stderr[-3000:]  # one line from each task
     assert "needs at least 3 Slurm tasks (a chief, 1 ps, a worker); this step has 2" in errors[0]
     assert "Traceback" not in out.stdout + out.stderr
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_the_sbatch_examples_run_to_completion(tmp_path, strategy):
+    """As a user submits them, from the repository with its environment active (the venv's python)."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    job = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out",
+                          str(SCRIPT.parent / "slurm" / f"{strategy}.sbatch"), f"hydra.run.dir={run_dir}", *QUICK],
+                         capture_output=True, text=True, timeout=60, cwd=TRAIN_PY.parent, env=env, check=True)
+    job_id = job.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + RUN_TIMEOUT  # (sbatch --wait polls ever more slowly: 30 s late)
+    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job_id} still running"
+        time.sleep(0.5)
+    state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    (log,) = tmp_path.glob("slurm-*.out")
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + log.read_text()[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["strategy"] == strategy and results["test_accuracy"] > 0.5
+    assert "trainer.resume=auto: no checkpoint in" in log.read_text()  # a requeue would go on from one
     assert_nothing_left(tmp_path)
