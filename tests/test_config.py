@@ -29,7 +29,7 @@ def test_every_option_composes_and_validates(group):
 def test_strategy_group_has_the_contracted_names():
     assert set(options("strategy")) == {"default", "one_device", "mirrored", "central_storage",
                                         "multi_worker_mirrored", "parameter_server"}
-    assert set(options("cluster")) == {"local", "tf_config", "manual"}
+    assert set(options("cluster")) == {"local", "tf_config", "manual", "slurm"}
     assert set(options("model")) == {"cnn", "mlp"}
     assert set(options("data")) == {"mnist", "fashion_mnist", "synthetic"}
 

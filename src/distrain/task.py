@@ -32,7 +32,7 @@ def main(argv=None) -> int:
                 return evaluate(cfg, run_dir, task)
             cluster_lib.check_port_free(task)
             if cfg.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
-                return serve(task, spec if cfg.cluster.name == "slurm" else None)
+                return serve(task, spec if cfg.cluster.name == "slurm" else None, cfg.cluster.startup_timeout)
             if cfg.strategy.name == "parameter_server":  # the coordinator: up once its ps and workers are
                 cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
         from .strategy import configure_devices, is_chief, make_strategy  # TensorFlow starts here
@@ -98,7 +98,7 @@ def evaluate(cfg, run_dir: Path, task) -> int:
     return 0
 
 
-def serve(task, spec: dict | None = None) -> int:
+def serve(task, spec: dict | None = None, startup_timeout: float = 0) -> int:
     """A ps or worker task under parameter servers: a gRPC server that runs what the chief sends,
     until it is stopped; or, given the cluster `spec` (a Slurm job step, which ends only when every
     task has), until the chief, once up, is gone."""
@@ -112,7 +112,13 @@ def serve(task, spec: dict | None = None) -> int:
         server.join()  # until the launcher (or the user) stops this task
         return 0
     chief = {"chief-0": spec["chief"][0]}
-    cluster_lib.wait_for_peers(chief)  # (bounded by the launcher's cluster.startup_timeout)
+    deadline = time.monotonic() + startup_timeout
+    while silent := cluster_lib.unanswered(chief):
+        if time.monotonic() > deadline:
+            print(f"error: the chief never answered within {startup_timeout:g} s (cluster.startup_timeout; "
+                  f"{silent['chief-0']}): read its log, or raise cluster.startup_timeout", file=sys.stderr, flush=True)
+            os._exit(1)
+        time.sleep(0.5)
     while not cluster_lib.unanswered(chief):
         time.sleep(2)
     print(f"task {task.type}:{task.index}: the chief is gone, so this task ends", flush=True)
