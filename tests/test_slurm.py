@@ -93,3 +93,20 @@ def test_the_parameter_server_sbatch_example_learns_and_its_step_ends(tmp_path):
     assert log.read_text().count("the chief is gone, so this task ends") == 3  # the ps and workers end with it
     assert "trainer.resume=auto: no checkpoint in" in log.read_text()  # a requeue would go on from one
     assert_nothing_left(tmp_path)
+
+
+def test_a_sweep_over_worker_counts_asks_slurm_for_each_jobs_tasks(tmp_path):
+    """-m hydra/launcher=slurm: Hydra's submitit launcher, one Slurm job per point, sized to it."""
+    sweep = tmp_path / "sweep"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run([sys.executable, str(TRAIN_PY), "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep}",
+                          "strategy=multi_worker_mirrored", "cluster=slurm", "cluster.workers=1,2", *QUICK],
+                         capture_output=True, text=True, timeout=2 * RUN_TIMEOUT, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for num, workers in ((0, 1), (1, 2)):
+        results = json.loads((sweep / str(num) / "results.json").read_text())
+        assert results["num_workers"] == workers and results["test_accuracy"] > 0.5
+        assert len(list((sweep / str(num) / "logs").glob("worker-*.log"))) == workers
+    assert "(2 Slurm task(s))" in out.stdout + out.stderr
+    assert (sweep / "summary.csv").read_text().count(",ok,") == 2
+    assert_nothing_left(tmp_path)

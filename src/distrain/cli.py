@@ -50,8 +50,8 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
 
 def _help(root: DictConfig) -> str:
     """`--help`: how to run, the groups and their options, and every key with its value, type and meaning."""
-    groups = "\n".join(f"  {g.name}: {', '.join(sorted(p.stem for p in g.glob('*.yaml')))}"
-                       for g in sorted(Path(CONFIG_DIR).iterdir()) if g.is_dir())
+    groups = "\n".join(f"  {g.relative_to(CONFIG_DIR)}: {', '.join(sorted(p.stem for p in g.glob('*.yaml')))}"
+                       for g in sorted(Path(CONFIG_DIR).glob("**/")) if any(g.glob("*.yaml")) and g != Path(CONFIG_DIR))
     keys = schema.describe(root).replace("$", "$$")
     return f"""distrain: config-driven distributed training for TensorFlow.
 

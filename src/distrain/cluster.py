@@ -129,20 +129,25 @@ def from_manual(cluster, strategy: str) -> tuple[dict, TaskSpec]:
 def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
     """The cluster and this task from the variables srun sets, one process per Slurm task. Ranks are
     laid on the nodes in order (Slurm's default block distribution); a task's port is
-    cluster.port_base plus its place on its node. Roles go by rank: multi_worker_mirrored, all
+    cluster.port_base + 100 x (job id mod 200) + its place on its node. Roles go by rank: multi_worker_mirrored, all
     workers; parameter_server, the chief, then cluster.ps ps tasks, then the workers; an evaluator last."""
     if "SLURM_PROCID" not in env or "SLURM_STEP_NODELIST" not in env:
         raise ConfigError("cluster=slurm runs as the tasks of a Slurm job step: start it with srun, e.g. "
                           "srun -n 2 python train.py strategy=multi_worker_mirrored cluster=slurm")
     rank, ntasks = int(env["SLURM_PROCID"]), int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
     nodes = slurm_hostnames(env["SLURM_STEP_NODELIST"])
-    addresses = [f"{node}:{cluster.port_base + i}"
+    base = cluster.port_base + 100 * (int(env.get("SLURM_JOB_ID", 0)) % 200)  # jobs sharing a node: other ports
+    addresses = [f"{node}:{base + i}"
                  for node, n in zip(nodes, slurm_counts(env["SLURM_STEP_TASKS_PER_NODE"])) for i in range(n)]
-    mine = f"{env.get('SLURMD_NODENAME', nodes[0])}:{cluster.port_base + int(env.get('SLURM_LOCALID', 0))}"
+    mine = f"{env.get('SLURMD_NODENAME', nodes[0])}:{base + int(env.get('SLURM_LOCALID', 0))}"
     if len(addresses) != ntasks or addresses[rank] != mine:
         raise ConfigError(f"Slurm placed task {rank} as {mine}, not in rank order on the nodes: run srun with "
                           "the default block distribution (srun -m block)")
     evaluators = 1 if cluster.evaluator else 0
+    need = slurm_tasks(cluster, strategy)
+    if cluster.workers and ntasks != need:
+        raise ConfigError(f"cluster.workers={cluster.workers} makes {need} Slurm tasks with the others, but this "
+                          f"step has {ntasks}: srun -n {need}, or drop cluster.workers to use every task")
     if strategy == "parameter_server":
         need = 1 + max(cluster.ps, 1) + 1 + evaluators
         if cluster.ps < 1 or ntasks < need:
@@ -164,6 +169,13 @@ def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
         spec.setdefault(role, []).append(address)
     spec = check_spec(spec, strategy)
     return spec, TaskSpec(roles[rank], roles[:rank].count(roles[rank]), addresses[rank])
+
+
+def slurm_tasks(cluster, strategy: str) -> int:
+    """The Slurm tasks a run of cluster=slurm takes, given cluster.workers (else the fewest it can)."""
+    workers = cluster.workers or 1
+    chief_and_ps = 1 + max(cluster.ps, 1) if strategy == "parameter_server" else 0
+    return chief_and_ps + workers + (1 if cluster.evaluator else 0)
 
 
 def slurm_hostnames(nodelist: str) -> list[str]:

@@ -223,10 +223,13 @@ class Manual(TfConfig):
 @dataclass
 class Slurm(TfConfig):
     name: str = key("slurm", "this process is one task of a Slurm job step (srun): the cluster comes from Slurm")
+    workers: Optional[int] = key(None, "workers (null: every Slurm task not otherwise used); a sweep with "
+                                 "hydra/launcher=slurm asks Slurm for this many", POSITIVE, example=2)
     ps: int = key(0, "parameter_server: ps tasks; rank 0 is the chief, then the ps, then the workers",
                   NOT_NEGATIVE)
     evaluator: bool = key(False, "the last Slurm task is a sidecar evaluator of each checkpoint")
-    port_base: int = key(23456, "each node's tasks listen on port_base, port_base+1, ...",
+    port_base: int = key(23456, "a node's tasks listen on port_base + 100 x (job id mod 200), +1, ... (jobs "
+                         "sharing a node do not collide)",
                          Check(lambda v: 1024 <= v <= 65000, "must be a port from 1024 to 65000"))
 
 
