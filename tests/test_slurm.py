@@ -110,3 +110,39 @@ def test_a_sweep_over_worker_counts_asks_slurm_for_each_jobs_tasks(tmp_path):
     assert "(2 Slurm task(s))" in out.stdout + out.stderr
     assert (sweep / "summary.csv").read_text().count(",ok,") == 2
     assert_nothing_left(tmp_path)
+
+
+def test_a_requeued_job_goes_on_from_its_checkpoint(tmp_path):
+    """scontrol requeue (as preemption does): srun passes SIGTERM on, the workers checkpoint the step they
+    agree on, and the job, started again under the same job id, resumes there (trainer.resume=auto)."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    job_id = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out",
+                             str(SCRIPT.parent / "slurm" / "multi_worker_mirrored.sbatch"), f"hydra.run.dir={run_dir}",
+                             *QUICK[:-3], "data.train_examples=8192", "trainer.epochs=6", "trainer.verbose=2"],
+                            capture_output=True, text=True, timeout=60, cwd=TRAIN_PY.parent, env=env,
+                            check=True).stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+        while "JobState=PENDING" not in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                                                        text=True).stdout:
+            assert time.monotonic() < deadline, "not requeued"
+            time.sleep(0.2)
+        # Slurm holds a requeued job for a while before it may start again; a test need not wait for that.
+        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, timeout=30)
+        while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+            assert time.monotonic() < deadline, f"job {job_id} still running"
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)  # a no-op once it is done
+    state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    assert "JobState=COMPLETED" in state and "Restarts=1" in state, state
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["restarts"] == 1 and 0 < results["resumed_from_step"] < 6 * 128
+    assert len(results["history"]["loss"]) == 6 and results["test_accuracy"] > 0.5
+    assert_nothing_left(tmp_path)
