@@ -92,6 +92,17 @@ def test_slurm_ranks_become_chief_ps_and_workers_on_ports_per_node():
     assert cluster.slurm_counts("2(x3),1") == [2, 2, 2, 1]
 
 
+def test_slurm_gpus_are_shared_out_among_a_nodes_tasks():
+    """Without a GPU here, with the variables Slurm sets: 5 tasks, 3 on n1 and 2 on n2, 4 GPUs a node."""
+    gpus = {"SLURM_STEP_GPUS": "0,1,2,3"}
+    assert cluster.slurm_gpus({**slurm_env(3, "n2", 0), **gpus}) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert cluster.slurm_gpus({**slurm_env(4, "n2", 1), **gpus}) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert cluster.slurm_gpus({**slurm_env(2, "n1", 2), **gpus}) == {"CUDA_VISIBLE_DEVICES": "2"}  # 4 // 3 each
+    assert cluster.slurm_gpus({**slurm_env(2, "n1", 2), "SLURM_STEP_GPUS": "0,1"}) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert cluster.slurm_gpus({**slurm_env(3, "n2", 0), **gpus, "SLURM_GPUS_PER_TASK": "1"}) == {}  # Slurm's own
+    assert cluster.slurm_gpus(slurm_env(3, "n2", 0)) == {}  # no GPUs
+
+
 @pytest.mark.parametrize("env, overrides, message", [
     ({}, [], "cluster=slurm runs as the tasks of a Slurm job step: start it with srun"),
     (slurm_env(0, "n1", 0, tasks=2, per_node="2", nodes="n1"), ["cluster.ps=1"],

@@ -50,8 +50,9 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
 
 def _help(root: DictConfig) -> str:
     """`--help`: how to run, the groups and their options, and every key with its value, type and meaning."""
+    dirs = [g for g in sorted(Path(CONFIG_DIR).glob("*/**/")) if any(g.glob("*.yaml"))]  # hydra/launcher too
     groups = "\n".join(f"  {g.relative_to(CONFIG_DIR)}: {', '.join(sorted(p.stem for p in g.glob('*.yaml')))}"
-                       for g in sorted(Path(CONFIG_DIR).glob("**/")) if any(g.glob("*.yaml")) and g != Path(CONFIG_DIR))
+                       for g in dirs)
     keys = schema.describe(root).replace("$", "$$")
     return f"""distrain: config-driven distributed training for TensorFlow.
 

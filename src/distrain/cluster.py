@@ -96,6 +96,15 @@ def task_env(spec: dict, task: TaskSpec) -> dict:
     return {"TF_CONFIG": tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller"}
 
 
+def this_task(cluster, strategy: str) -> tuple[dict, TaskSpec]:
+    """The cluster and this process's task in it, on a cluster spread over machines (cluster.name)."""
+    if cluster.name == "slurm":
+        return from_slurm(cluster, strategy)
+    if cluster.name == "manual":
+        return from_manual(cluster, strategy)
+    return from_tf_config(os.environ.get("TF_CONFIG"), strategy)
+
+
 def from_tf_config(text, strategy: str) -> tuple[dict, TaskSpec]:
     """The cluster and this task from a TF_CONFIG value (as Kubeflow, Vertex AI or Ray set it)."""
     if not text:
@@ -149,11 +158,11 @@ def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
         raise ConfigError(f"cluster.workers={cluster.workers} makes {need} Slurm tasks with the others, but this "
                           f"step has {ntasks}: srun -n {need}, or drop cluster.workers to use every task")
     if strategy == "parameter_server":
-        need = 1 + max(cluster.ps, 1) + 1 + evaluators
         if cluster.ps < 1 or ntasks < need:
+            roles = f"a chief, {max(cluster.ps, 1)} ps, a worker" + (", an evaluator" if evaluators else "")
             raise ConfigError(f"strategy=parameter_server with cluster.ps={cluster.ps} needs at least {need} Slurm "
-                              f"tasks (a chief, {max(cluster.ps, 1)} ps, a worker{', an evaluator' if evaluators else ''}); "
-                              f"this step has {ntasks}: set cluster.ps=1 or more, and srun -n {need} or more")
+                              f"tasks ({roles}); this step has {ntasks}: set cluster.ps=1 or more, and srun -n "
+                              f"{need} or more")
         roles = ["chief"] + ["ps"] * cluster.ps + ["worker"] * (ntasks - 1 - cluster.ps - evaluators)
     else:
         if cluster.ps:
@@ -171,6 +180,21 @@ def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
     return spec, TaskSpec(roles[rank], roles[:rank].count(roles[rank]), addresses[rank])
 
 
+def slurm_gpus(env=os.environ) -> dict:
+    """This Slurm task's share of its node's GPUs, as CUDA_VISIBLE_DEVICES: Slurm gives every task of a
+    node all of the node's GPUs (--gres=gpu:N) unless asked per task (--gpus-per-task, which sets
+    CUDA_VISIBLE_DEVICES itself), and two TensorFlow tasks on one GPU would fight over its memory.
+    Empty when Slurm gave no GPUs, or gave them per task already."""
+    gpus = [g for g in (env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or "").split(",") if g]
+    if not gpus or env.get("SLURM_GPUS_PER_TASK"):
+        return {}
+    nodes = slurm_hostnames(env["SLURM_STEP_NODELIST"])
+    here = dict(zip(nodes, slurm_counts(env["SLURM_STEP_TASKS_PER_NODE"])))[env.get("SLURMD_NODENAME", nodes[0])]
+    local, share = int(env.get("SLURM_LOCALID", 0)), max(1, len(gpus) // here)
+    mine = gpus[local * share:(local + 1) * share] if len(gpus) >= here else [gpus[local % len(gpus)]]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+
+
 def slurm_tasks(cluster, strategy: str) -> int:
     """The Slurm tasks a run of cluster=slurm takes, given cluster.workers (else the fewest it can)."""
     workers = cluster.workers or 1
@@ -186,7 +210,8 @@ def slurm_hostnames(nodelist: str) -> list[str]:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                              timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigError(f"cannot expand Slurm's node list {nodelist!r} ({exc}): run on a node with scontrol") from None
+        raise ConfigError(f"cannot expand Slurm's node list {nodelist!r} ({exc}): run on a node with "
+                          "scontrol") from None
     return out.split()
 
 

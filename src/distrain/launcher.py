@@ -42,14 +42,14 @@ def _raise_interrupted(signum, frame):
 # TensorFlow's lines that no setting hides any more: kept in the task logs, not shown on the terminal. Its
 # start-up, and the coordinator's retries while a parameter-server worker is down (the launcher says why).
 NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom operations are on",
-                 b"Could not find cuda drivers", b"failed call to cuInit", b"Unable to register cu",
-                 b"computation placer already registered", b"TF-TRT Warning",
-                 b"This TensorFlow binary is optimized", b"To enable the following instructions",
-                 b"GeneratorDatasetOp::Dataset will not be optimized",
-                 b"function remotely due to failed to connect", b"Additional GRPC error information from remote",
-                 b"This could happen if the remote target has been", b":UNKNOWN:Error received from peer",
-                 b"Ignoring an error encountered when deleting remote tensors",
-                 b"MultiDeviceSaver.save.<locals>.tf_function_save")  # its checkpoints under parameter servers
+         b"Could not find cuda drivers", b"failed call to cuInit", b"Unable to register cu",
+         b"computation placer already registered", b"TF-TRT Warning",
+         b"This TensorFlow binary is optimized", b"To enable the following instructions",
+         b"GeneratorDatasetOp::Dataset will not be optimized",
+         b"function remotely due to failed to connect", b"Additional GRPC error information from remote",
+         b"This could happen if the remote target has been", b":UNKNOWN:Error received from peer",
+         b"Ignoring an error encountered when deleting remote tensors",
+         b"MultiDeviceSaver.save.<locals>.tf_function_save")  # its checkpoints under parameter servers
 
 
 def is_noise(line: bytes) -> bool:
@@ -353,9 +353,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
-            spec, task = {"tf_config": lambda: cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name),
-                          "manual": lambda: cluster_lib.from_manual(cfg.cluster, cfg.strategy.name),
-                          "slurm": lambda: cluster_lib.from_slurm(cfg.cluster, cfg.strategy.name)}[cfg.cluster.name]()
+            spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return _finish(Outcome(2, "failed", f"error: {exc}"), run_dir, job)
@@ -372,7 +370,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job)
     # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
     log.info("this process is task %s:%d of %s", task.type, task.index, spec)
-    return _finish(run_tasks([Task(task.name, argv, cluster_lib.task_env(spec, task), spec=task,
+    env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
+    return _finish(run_tasks([Task(task.name, argv, env, spec=task,
                                    peer_timeout=coordinator_timeout(cfg, task.type))], run_dir,
                              startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job)
 

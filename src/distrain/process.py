@@ -70,7 +70,6 @@ class Preemption:
         raise _Agreed()
 
 
-
 class Heartbeat:
     """This task's sign of progress, for the launcher: a file (DISTRAIN_HEARTBEAT) whose time is set
     at each pet. When it stops for cluster.peer_timeout seconds, the launcher ends the task and says
