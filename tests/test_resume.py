@@ -37,25 +37,29 @@ class Crash(Exception):
     pass
 
 
+def crash_after(monkeypatch, steps: int) -> None:
+    """The training loop raises Crash at the first segment that would take it past `steps` steps."""
+    run, done = training.SyncEpochs.run, {"steps": 0}
+
+    def crashing(self, calls, **kwargs):
+        done["steps"] += sum(calls)
+        if done["steps"] > steps:
+            raise Crash()
+        return run(self, calls, **kwargs)
+
+    monkeypatch.setattr(training.SyncEpochs, "run", crashing)
+
+
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypatch, strategy):
     config = ["trainer.save_model=true", "trainer.epochs=3", f"strategy={strategy}",
               "strategy.cpu_virtual_devices=2", *SGD_MLP]  # 1024 // 64 = 16 steps an epoch
     uninterrupted, whole = train(small(*config), tmp_path / "whole")
 
-    calls = {"n": 0}
-    run = training.SyncEpochs.run
-
-    def crash_after_23_steps(self, calls_list, **kwargs):  # the 4th segment of epoch 2 never runs
-        calls["n"] += sum(calls_list)
-        if calls["n"] > 23:
-            raise Crash()
-        return run(self, calls_list, **kwargs)
-
-    monkeypatch.setattr(training.SyncEpochs, "run", crash_after_23_steps)
+    crash_after(monkeypatch, 23)  # the 4th segment of epoch 2 never runs
     with pytest.raises(Crash):
         train(small(*config), tmp_path / "stopped")
-    monkeypatch.setattr(training.SyncEpochs, "run", run)
+    monkeypatch.undo()
     latest = tf.train.latest_checkpoint(str(tmp_path / "stopped" / "checkpoints"))
     assert latest.endswith("ckpt-20")  # mid-epoch 2: 16 + 4 steps (checkpoints every 5 global steps)
 
@@ -73,20 +77,10 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypat
 def test_a_cnn_run_stopped_mid_epoch_resumes_soundly(tmp_path, monkeypatch):
     """Dropout draws new masks after a resume, so not bit for bit: from the checkpoint, to a sound end."""
     config = ["trainer.save_model=true", "trainer.epochs=3", "model=cnn", "trainer.checkpoint_every_steps=5"]
-    run = training.SyncEpochs.run
-
-    calls = {"n": 0}
-
-    def crash(self, calls_list, **kwargs):
-        calls["n"] += sum(calls_list)
-        if calls["n"] > 23:
-            raise Crash()
-        return run(self, calls_list, **kwargs)
-
-    monkeypatch.setattr(training.SyncEpochs, "run", crash)
+    crash_after(monkeypatch, 23)
     with pytest.raises(Crash):
         train(small(*config), tmp_path)
-    monkeypatch.setattr(training.SyncEpochs, "run", run)
+    monkeypatch.undo()
     results, _ = train(small(*config, "trainer.resume=true"), tmp_path)
     assert results["resumed_from_step"] == 20 and results["global_steps"] == 48
     assert len(results["history"]["loss"]) == 3 and results["history"]["loss"][2] < results["history"]["loss"][0]
