@@ -168,9 +168,9 @@ def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
         if cluster.ps:
             raise ConfigError(f"strategy={strategy} takes no ps tasks: drop cluster.ps={cluster.ps} "
                               "or use strategy=parameter_server")
-        if ntasks < 1 + evaluators:
+        if ntasks < need:
             raise ConfigError(f"cluster.evaluator=true needs a Slurm task besides the workers; this step has "
-                              f"{ntasks}: srun -n {1 + evaluators} or more")
+                              f"{ntasks}: srun -n {need} or more")
         roles = ["worker"] * (ntasks - evaluators)
     roles += ["evaluator"] * evaluators
     spec = {}

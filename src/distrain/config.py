@@ -92,17 +92,15 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     trainer.resume=auto (a task that an orchestrator may restart): the same if there is a checkpoint
     (the run's config.yaml authoritative if it has one, else this command's), else a new run."""
     saved_path = Path(run_dir) / "config.yaml"
-    auto = cfg.trainer.resume == "auto"
-    if auto:
-        base = OmegaConf.load(saved_path) if saved_path.exists() else cfg
-        if not has_checkpoint(base, run_dir):
+    saved = OmegaConf.load(saved_path) if saved_path.exists() else None
+    if cfg.trainer.resume == "auto":
+        if not has_checkpoint(saved or cfg, run_dir):
             return OmegaConf.merge(cfg, {"trainer": {"resume": False}})
-        if not saved_path.exists():
+        if saved is None:
             return OmegaConf.merge(cfg, {"trainer": {"resume": True}})
-    if not saved_path.exists():
+    if saved is None:
         raise ConfigError(f"trainer.resume=true but {run_dir} holds no earlier run (no config.yaml): "
                           "set hydra.run.dir to the run directory to resume, e.g. outputs/DATE/TIME")
-    saved = OmegaConf.load(saved_path)
     changes = {}
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")

@@ -29,7 +29,7 @@ class SlurmSweepLauncher(SlurmLauncher):
 
         executor = submitit.AutoExecutor(cluster="slurm", folder=self.params["submitit_folder"],
                                          slurm_max_num_timeout=self.params.get("max_num_timeout", 0))
-        base = {k: v for k, v in self.params.items()
+        base = {k if k in _BASE_KEYS else f"slurm_{k}": v for k, v in self.params.items()
                 if k not in ("submitit_folder", "max_num_timeout", "nodes", "tasks_per_node")}
         nodes = self.params.get("nodes") or 1
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -42,8 +42,7 @@ class SlurmSweepLauncher(SlurmLauncher):
             if tasks % nodes:
                 raise ConfigError(f"job #{idx} needs {tasks} Slurm tasks, which do not divide over "
                                   f"hydra.launcher.nodes={nodes}: set hydra.launcher.nodes=1")
-            executor.update_parameters(**{k if k in _BASE_KEYS else f"slurm_{k}": v for k, v in base.items()},
-                                       nodes=nodes, tasks_per_node=math.ceil(tasks / nodes))
+            executor.update_parameters(**base, nodes=nodes, tasks_per_node=math.ceil(tasks / nodes))
             log.info("\t#%d : %s (%d Slurm task(s))", idx, " ".join(filter_overrides(overrides)), tasks)
             jobs.append(executor.submit(self, list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
                                         Singleton.get_state()))
