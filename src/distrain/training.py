@@ -314,8 +314,12 @@ class AsyncEpochs:
         remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
                   for steps in calls]
         for steps, value in remote:
-            worker, worker_totals = value.fetch()  # once the call has run, on whichever worker took it
-            self.heartbeat.pet()
+            try:
+                worker, worker_totals = value.fetch()  # once the call has run, on whichever worker took it
+            except tf.errors.UnavailableError:  # it ran, but its worker died before its sums were copied here
+                continue  # (a failed ps or call is raised again by join() below)
+            finally:
+                self.heartbeat.pet()
             self.worker_steps[int(worker)] += steps
             self.sums += worker_totals
         self.coordinator.join()
