@@ -48,6 +48,12 @@ def test_strategy_group_has_the_contracted_names():
     (["strategy=mirrored", "strategy.cpu_virtual_devices=-1"], "strategy.cpu_virtual_devices=-1"),
     (["strategy=mirrored", "strategy.devices=[]"], "strategy.devices=[] names no device"),
     (["+trainer.epoch=1"], "trainer.epoch is not a key of trainer: set e.g. trainer.epochs=12"),
+    (["strategy=parameter_server", "trainer.jit_compile=true"], "XLA cannot compile a step whose variables live "
+     "on ps tasks"),
+    (["strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.jit_compile=true"],
+     "trainer.jit_compile=true cannot work on several CPU devices under strategy=mirrored"),
+    (["strategy=central_storage", "strategy.devices=[/cpu:0,/cpu:1]", "trainer.jit_compile=true"],
+     "trainer.jit_compile=true cannot work on several CPU devices under strategy=central_storage"),
 ])
 def test_bad_values_name_the_problem_and_the_fix(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -60,3 +66,19 @@ def test_bad_values_name_the_problem_and_the_fix(overrides, message):
 
 def test_batch_that_divides_over_replicas_passes():
     validate(make_cfg("strategy=mirrored", "strategy.cpu_virtual_devices=4", "trainer.batch_size=128"))
+
+
+def test_old_steps_per_schedule_still_works_with_one_notice(capsys):
+    """strategy.steps_per_schedule was the parameter-server spelling of trainer.steps_per_execution."""
+    import distrain.config
+
+    distrain.config._told.clear()
+    cfg = validate(make_cfg("strategy=parameter_server", "strategy.steps_per_schedule=7"))
+    assert cfg.trainer.steps_per_execution == 7
+    assert cfg.strategy.steps_per_schedule is None  # one key in the recorded config
+    validate(make_cfg("strategy=parameter_server", "strategy.steps_per_schedule=7"))
+    notices = capsys.readouterr().err.splitlines()
+    assert notices == ["warning: strategy.steps_per_schedule is deprecated: write trainer.steps_per_execution=7 "
+                       "instead (it means the same)"]  # once, however often the config is checked
+    # control: without the old key, the new one is left alone
+    assert validate(make_cfg("strategy=parameter_server", "trainer.steps_per_execution=3")).trainer.steps_per_execution == 3

@@ -16,17 +16,22 @@ import tensorflow as tf
 import tf_keras as keras
 
 from distrain.training import train
-from conftest import alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids, wait_until
+from conftest import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
+                      wait_until)
 
 BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false"]
 
 
 def test_multi_worker_mirrored_two_workers_learn(tmp_path):
+    """...with the XLA-compiled step, the GPU path (which says on a CPU what it costs)."""
     run_dir = tmp_path / "run"
-    out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", *BUNDLED_ONE_EPOCH)
+    out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "trainer.jit_compile=true",
+                  *BUNDLED_ONE_EPOCH)
     assert out.returncode == 0, out.stdout[-4000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert (results["num_workers"], results["num_replicas"], results["num_ps"]) == (2, 2, 0)
+    assert results["jit_compile"] is True and out.stdout.count("warning: trainer.jit_compile=true on a CPU") == 1
+    assert 0 < results["seconds_to_first_step"] < RUN_TIMEOUT  # from the command's start, across processes
     assert results["test_accuracy"] > 0.6, results  # chance is 0.1
     assert "[worker-0] Test accuracy" in out.stdout and "[worker-1] Test accuracy" not in out.stdout
     tasks = json.loads((run_dir / "cluster.json").read_text())["tasks"]
@@ -175,7 +180,7 @@ def test_multi_worker_mirrored_matches_one_device(tmp_path):
     """2 workers with global batch B end with the same weights as one device with batch B."""
     overrides = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic",
                  "data.train_examples=1024", "data.test_examples=128", "trainer.epochs=2",
-                 "trainer.batch_size=64", "trainer.verbose=0"]
+                 "trainer.batch_size=64", "trainer.verbose=0", "trainer.mixed_precision=false"]  # exact: float32
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", *overrides)
     assert out.returncode == 0, out.stdout[-4000:]

@@ -7,6 +7,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from distrain.config import ConfigError
+import distrain.strategy
 from distrain import training
 from distrain.training import train
 from conftest import small
@@ -35,7 +36,8 @@ def test_each_strategy_trains_and_reports(tmp_path, strategy, overrides, replica
 
 def sgd_mlp(strategy, batch_size=64):
     return small(f"strategy={strategy}", "strategy.cpu_virtual_devices=2", "model=mlp", "optimizer=sgd",
-                 "trainer.learning_rate=0.1", "trainer.epochs=2", f"trainer.batch_size={batch_size}")
+                 "trainer.learning_rate=0.1", "trainer.epochs=2", f"trainer.batch_size={batch_size}",
+                 "trainer.mixed_precision=false")  # exact comparisons are made in float32
 
 
 def test_mirrored_is_the_same_training_as_one_device(tmp_path):
@@ -67,8 +69,17 @@ def test_mixed_precision_xla_and_steps_per_execution(tmp_path):
     assert model.layers[1].compute_dtype == "bfloat16"
     assert results["test_accuracy"] > 0.5
     assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
-    train(small(), tmp_path)
+    train(small("trainer.mixed_precision=false"), tmp_path)
     assert keras.mixed_precision.global_policy().name == "float32"  # reset by the next run
+
+
+@pytest.mark.parametrize("strategy, devices", [("one_device", "device=/cpu:0"), ("mirrored", "devices=[/cpu:0]"),
+                                              ("central_storage", "devices=[/cpu:0]")])
+def test_xla_compiles_the_step_on_one_cpu_device(tmp_path, strategy, devices):
+    """On GPUs every replica is compiled alike; on the CPU, XLA has one device (config.py refuses more)."""
+    results, _ = train(small(f"strategy={strategy}", f"strategy.{devices}", "trainer.jit_compile=true",
+                             "trainer.epochs=2"), tmp_path)
+    assert results["jit_compile"] is True and results["test_accuracy"] > 0.5
 
 
 def test_saves_checkpoint_savedmodel_and_tensorboard(tmp_path):
@@ -84,16 +95,13 @@ def test_saves_checkpoint_savedmodel_and_tensorboard(tmp_path):
 
 
 def test_float16_policy_scales_the_loss(tmp_path, monkeypatch):
-    """GPUs get mixed_float16, whose small gradients need loss scaling: run that path on the CPU.
-    Without the unscaling, SGD would take steps 32768 times too large and diverge."""
-    def float16(enabled):
-        keras.mixed_precision.set_global_policy("mixed_float16")
-        return "mixed_float16"
-
-    monkeypatch.setattr(training, "set_precision", float16)
+    """GPUs with tensor cores get mixed_float16, whose small gradients need loss scaling: run that path
+    on the CPU, with the machine said to have such a GPU. Without the unscaling, SGD would take steps
+    32768 times too large and diverge."""
+    monkeypatch.setattr(distrain.strategy, "gpu_capabilities", lambda: [(8, 0)])
     try:
         results, model = train(small("model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.epochs=2",
-                                     "trainer.mixed_precision=true"), tmp_path)
+                                     "trainer.mixed_precision=auto"), tmp_path)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)

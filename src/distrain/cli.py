@@ -5,6 +5,7 @@
 import difflib
 import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -134,6 +135,7 @@ def _check_printed_config(flags: list, overrides: list) -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("DISTRAIN_STARTED", str(time.time()))  # for results.json's seconds_to_first_step
     if sys.argv[1:2] == ["summarize"]:
         sys.exit(sweep.main(sys.argv[2:]))
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets

@@ -1,5 +1,6 @@
 """Checks on the composed config that need no TensorFlow, so bad input fails in a second: each key
 against its schema (schema.py), then the checks that relate several keys."""
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -31,7 +32,7 @@ def configured_replicas(strategy: DictConfig, cluster: DictConfig):
 
 def validate(cfg: DictConfig) -> DictConfig:
     """The checked config (resolved, values of their schema's types), or a one-line ConfigError."""
-    cfg = schema.check(cfg)
+    cfg = _renamed(schema.check(cfg))
     t, c = cfg.trainer, cfg.cluster
     # A source that does not hold the named dataset would train on one thing and report another.
     if cfg.data.source == "bundled" and cfg.data.name != "mnist":
@@ -49,7 +50,16 @@ def validate(cfg: DictConfig) -> DictConfig:
             raise ConfigError(f"trainer.checkpoint_dir={t.checkpoint_dir} " + ("is a file" if blocker == directory
                               else f"lies under {blocker}, a file") + ": set trainer.checkpoint_dir to a "
                               "directory, or null for <run dir>/checkpoints")
+    if t.jit_compile and cfg.strategy.name == "parameter_server":
+        raise ConfigError("trainer.jit_compile=true cannot work under strategy=parameter_server: XLA cannot compile a "
+                          "step whose variables live on ps tasks (TensorFlow's known XLA issue): set "
+                          "trainer.jit_compile=false, or use strategy=multi_worker_mirrored")
     devices = cfg.strategy.get("devices")
+    cpus = [d for d in devices or [] if "cpu" in d.lower()] or range(cfg.strategy.get("cpu_virtual_devices", 0))
+    if t.jit_compile and len(cpus) > 1:
+        raise ConfigError(f"trainer.jit_compile=true cannot work on several CPU devices under strategy="
+                          f"{cfg.strategy.name}: TensorFlow's XLA runs every CPU replica on one device (plain Keras "
+                          "fails the same way): set trainer.jit_compile=false (XLA is for GPUs)")
     if devices is not None and len(devices) == 0:
         raise ConfigError("strategy.devices=[] names no device: set e.g. 'strategy.devices=[/cpu:0,/cpu:1]', "
                           "or strategy.devices=null for every device")
@@ -70,6 +80,22 @@ def validate(cfg: DictConfig) -> DictConfig:
                               f"set fewer, e.g. cluster.workers={schema.CORES}")
     check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
     return cfg
+
+
+_told = set()  # deprecation notices already printed by this process
+
+
+def _renamed(cfg: DictConfig) -> DictConfig:
+    """Old spellings of keys still work, with a notice: strategy.steps_per_schedule (parameter servers)
+    is trainer.steps_per_execution, which every strategy reads."""
+    old = cfg.strategy.get("steps_per_schedule")
+    if old is None:
+        return cfg
+    if "steps_per_schedule" not in _told:
+        _told.add("steps_per_schedule")
+        print(f"warning: strategy.steps_per_schedule is deprecated: write trainer.steps_per_execution={old} "
+              "instead (it means the same)", file=sys.stderr, flush=True)
+    return OmegaConf.merge(cfg, {"trainer": {"steps_per_execution": old}, "strategy": {"steps_per_schedule": None}})
 
 
 def check_batch_divides(batch_size: int, replicas) -> None:

@@ -340,6 +340,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
 
     `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
     config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
+    if job:  # a job's start-up is timed from its own start (results.json: seconds_to_first_step)
+        os.environ["DISTRAIN_STARTED"] = str(time.time())
     try:
         cfg = validate(cfg)
         if cfg.trainer.resume:

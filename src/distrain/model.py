@@ -42,5 +42,5 @@ def compile_model(model: keras.Model, optimizer, trainer) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
         steps_per_execution=trainer.steps_per_execution,
-        jit_compile=trainer.jit_compile,
+        jit_compile=False,  # evaluation only: XLA cannot compile its metric all-reduces on CPUs
     )

@@ -82,9 +82,11 @@ class Trainer:
     batch_size: int = key(128, "GLOBAL batch: each of N replicas gets batch_size / N", POSITIVE)
     learning_rate: float = key(0.002, "the optimizer's learning rate", FINITE_POSITIVE)
     seed: int = key(42, "seed of weights, shuffling and dropout", SEED)
-    steps_per_execution: int = key(1, "training steps per tf.function call; raise it to cut Python overhead",
-                                   POSITIVE)
-    mixed_precision: bool = key(False, "mixed_float16 on GPUs, mixed_bfloat16 on CPUs")
+    steps_per_execution: int = key(8, "training steps per tf.function call (parameter servers: per scheduled "
+                                   "function, at least 4 per worker an epoch); more cuts per-call overhead", POSITIVE)
+    mixed_precision: Any = key("auto", "true: mixed_float16 on GPUs, mixed_bfloat16 on CPUs; auto: the same where "
+                               "the hardware does it natively (tensor cores; AVX512_BF16 or AMX), else float32",
+                               one_of(False, True, "auto"))
     jit_compile: bool = key(False, "XLA-compile the forward and backward pass")
     tensorboard: bool = key(False, "TensorBoard logs in <run dir>/tensorboard")
     save_model: bool = key(True, "checkpoints (each epoch, and see below) + the SavedModel, in the run directory")
@@ -179,7 +181,7 @@ class ParameterServer:
     variable_partitioner: bool = key(False, "shard large variables across the ps tasks")
     min_shard_bytes: int = key(262144, "...into shards of at least this size", POSITIVE)
     max_shards: Optional[int] = key(None, "...and at most this many (null: one per ps task)", POSITIVE, example=2)
-    steps_per_schedule: int = key(10, "training steps per function the coordinator schedules", POSITIVE)
+    steps_per_schedule: Optional[int] = key(None, "deprecated: use trainer.steps_per_execution", POSITIVE)
 
 
 # ---- cluster ----------------------------------------------------------------------------------------

@@ -4,11 +4,12 @@ import tensorflow as tf
 from .config import ConfigError
 
 
-def configure_devices(strategy_cfg) -> None:
-    """Settings the runtime accepts only before it starts: call first thing in a process."""
+def configure_devices(strategy_cfg, gpus=None) -> None:
+    """Settings the runtime accepts only before it starts: call first thing in a process.
+    gpus: the physical GPUs (TensorFlow's list by default; a test passes its own)."""
     n = strategy_cfg.get("cpu_virtual_devices", 0)
     try:
-        for gpu in tf.config.list_physical_devices("GPU"):
+        for gpu in tf.config.list_physical_devices("GPU") if gpus is None else gpus:
             tf.config.experimental.set_memory_growth(gpu, True)  # share the card instead of grabbing it
         if n > 1:
             cpu = tf.config.list_physical_devices("CPU")[0]
@@ -31,8 +32,7 @@ def local_devices() -> list[str]:
     return [_canonical(d.name) for d in tf.config.list_logical_devices() if d.device_type in ("CPU", "GPU")]
 
 
-def _checked(devices) -> list[str]:
-    have = local_devices()
+def _checked(devices, have: list[str]) -> list[str]:
     for device in map(_canonical, devices):
         if device not in have:
             raise ConfigError(f"device {device} is not on this machine (it has {', '.join(have)}): "
@@ -40,13 +40,52 @@ def _checked(devices) -> list[str]:
     return [_canonical(d) for d in devices]
 
 
-def compute_devices(strategy_cfg) -> list[str]:
-    """Replica devices: the explicit list, else the virtual CPUs asked for, else every GPU, else the CPU."""
+def compute_devices(strategy_cfg, have: list[str] | None = None) -> list[str]:
+    """Replica devices: the explicit list, else the virtual CPUs asked for, else every GPU, else the CPU.
+    have: this machine's devices (/cpu:0, /gpu:0, ...; TensorFlow's list by default, a test passes its own)."""
+    have = local_devices() if have is None else have
     if strategy_cfg.get("devices"):
-        return _checked(strategy_cfg.devices)
-    if strategy_cfg.get("cpu_virtual_devices", 0) > 1:
-        return local_devices_of("CPU")
-    return local_devices_of("GPU") or ["/cpu:0"]
+        return _checked(strategy_cfg.devices, have)
+    kind = "/cpu" if strategy_cfg.get("cpu_virtual_devices", 0) > 1 else "/gpu"
+    return [d for d in have if d.startswith(kind)] or ["/cpu:0"]
+
+
+NATIVE_BFLOAT16 = ("avx512_bf16", "amx_bf16")  # CPU flags of bfloat16 arithmetic in hardware (oneDNN uses them)
+
+
+def precision_policy(setting, gpus: list[tuple] | None = None, cpu: set[str] | None = None) -> tuple[str, str]:
+    """The Keras dtype policy for trainer.mixed_precision (false, true or auto), and why.
+    gpus: each GPU's compute capability, e.g. (8, 0); cpu: the CPU's feature flags. By default this
+    machine's; a test passes its own."""
+    gpus = gpu_capabilities() if gpus is None else gpus
+    cpu = cpu_flags() if cpu is None else cpu
+    if setting is False:
+        return "float32", "trainer.mixed_precision=false"
+    if gpus:  # float16 needs loss scaling; tensor cores (compute capability 7.0 and up) make it fast
+        if setting is True or min(gpus) >= (7, 0):
+            return "mixed_float16", f"trainer.mixed_precision={str(setting).lower()}, GPUs of compute capability " \
+                   + ", ".join(f"{a}.{b}" for a, b in gpus)
+        return "float32", f"trainer.mixed_precision=auto: a GPU of compute capability {min(gpus)[0]}.{min(gpus)[1]} " \
+               "has no tensor cores"
+    native = [flag for flag in NATIVE_BFLOAT16 if flag in cpu]
+    if setting is True or native:
+        return "mixed_bfloat16", f"trainer.mixed_precision={str(setting).lower()}, " + \
+            (f"the CPU has native bfloat16 ({', '.join(native)})" if native else "the CPU emulates bfloat16 (slow)")
+    return "float32", "trainer.mixed_precision=auto: the CPU has no native bfloat16 (AVX512_BF16 or AMX)"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); none where that cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def gpu_capabilities() -> list[tuple]:
+    return [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability") or (0, 0))
+            for gpu in tf.config.list_physical_devices("GPU")]
 
 
 def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distribute.Strategy:
@@ -56,12 +95,12 @@ def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distrib
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "one_device":
-        return tf.distribute.OneDeviceStrategy(_checked([strategy_cfg.device])[0])
+        return tf.distribute.OneDeviceStrategy(_checked([strategy_cfg.device], local_devices())[0])
     if name == "mirrored":
         return tf.distribute.MirroredStrategy(compute_devices(strategy_cfg))
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(
-            compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device])[0])
+            compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device], local_devices())[0])
     if name == "multi_worker_mirrored":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         if peer_timeout:
@@ -102,11 +141,7 @@ def replica_devices(strategy) -> list[str]:
     try:
         return list(strategy.extended.worker_devices)
     except RuntimeError:
-        return [(local_devices_of("GPU") or ["/cpu:0"])[0]]
-
-
-def local_devices_of(kind: str) -> list[str]:
-    return [d for d in local_devices() if d.startswith(f"/{kind.lower()}")]
+        return [next((d for d in local_devices() if d.startswith("/gpu")), "/cpu:0")]
 
 
 def _cluster(strategy):

@@ -1,4 +1,5 @@
 """The training loop: devices, strategy, data, model, training steps, evaluation, saved artefacts."""
+import os
 import shutil
 import tempfile
 import time
@@ -13,14 +14,16 @@ from .checkpoints import Checkpoints, Progress, read_position, resume, segments
 from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
 from .model import build_model, compile_model, hits, make_optimizer
 from .process import Heartbeat, Preempted, Preemption
-from .strategy import cluster_size, configure_devices, is_chief, make_strategy, replica_devices
+from .strategy import (cluster_size, configure_devices, gpu_capabilities, is_chief, make_strategy, precision_policy,
+                       replica_devices)
 
 
-def set_precision(enabled: bool) -> str:
-    policy = "float32"
-    if enabled:
-        policy = "mixed_float16" if tf.config.list_physical_devices("GPU") else "mixed_bfloat16"
+def set_precision(setting, verbose: bool = False) -> str:
+    """Sets Keras's dtype policy for trainer.mixed_precision on this machine's devices; returns it."""
+    policy, why = precision_policy(setting)
     keras.mixed_precision.set_global_policy(policy)
+    if verbose:
+        print(f"precision: {policy} ({why})", flush=True)
     return policy
 
 
@@ -28,6 +31,12 @@ def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
     """Examples per second over the epochs after the first (all of them when there is only one)."""
     timed = epoch_seconds[1:] or epoch_seconds
     return examples_per_epoch * len(timed) / sum(timed)
+
+
+def seconds_since_start(moment: float | None) -> float | None:
+    """Seconds from the command's start (cli.py notes it in DISTRAIN_STARTED for every task) to a moment."""
+    started = os.environ.get("DISTRAIN_STARTED")
+    return round(moment - float(started), 3) if moment and started else None
 
 
 def train(cfg, run_dir: Path, strategy=None):
@@ -43,7 +52,11 @@ def train(cfg, run_dir: Path, strategy=None):
         strategy = make_strategy(cfg.strategy)
     t = cfg.trainer
     asynchronous = isinstance(strategy, tf.distribute.ParameterServerStrategy)
-    policy = set_precision(t.mixed_precision)
+    policy = set_precision(t.mixed_precision, verbose=bool(t.verbose) and is_chief(strategy))
+    if t.jit_compile and not gpu_capabilities() and is_chief(strategy):
+        print("warning: trainer.jit_compile=true on a CPU: XLA's CPU kernels run this model several times slower "
+              "than TensorFlow's own (oneDNN), under plain Keras too (benchmarks/run.py measures it); XLA is for "
+              "GPUs", flush=True)
     keras.utils.set_random_seed(t.seed)
     if not asynchronous:
         check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
@@ -59,7 +72,7 @@ def train(cfg, run_dir: Path, strategy=None):
         model = build_model(cfg.model)
         optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
         optimizer.build(model.trainable_variables)
-    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile and not asynchronous)
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile)
     chief = is_chief(strategy)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
@@ -74,7 +87,7 @@ def train(cfg, run_dir: Path, strategy=None):
         print(placement_table(model.variables + optimizer.variables, ps), flush=True)
         # An epoch ends at a join(): with too few functions per epoch, workers idle while the last ones
         # finish. Keep at least 4 per worker.
-        per_call = max(1, min(cfg.strategy.steps_per_schedule, steps // (4 * workers)))
+        per_call = max(1, min(t.steps_per_execution, steps // (4 * workers)))
         runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, x_train, y_train, cfg),
                              optimizer, workers)
     else:
@@ -126,6 +139,7 @@ def train(cfg, run_dir: Path, strategy=None):
         "train_examples": len(y_train),
         "test_examples": len(y_test),
         "train_seconds": sum(epoch_seconds),
+        "seconds_to_first_step": seconds_since_start(runner.first_step_at),
         "epoch_seconds": epoch_seconds,
         "examples_per_sec": throughput(steps * t.batch_size, epoch_seconds),
         "steps_per_sec": throughput(steps, epoch_seconds),
@@ -230,6 +244,8 @@ class SyncEpochs:
     """Synchronous strategies: every worker process makes each call itself. Gradients are all-reduced
     inside every step; the loss and accuracy sums only when asked for (checkpoints, epoch end)."""
 
+    first_step_at = None  # time.time() when the first call returned
+
     def __init__(self, strategy, train_steps, dataset, progress: bool):
         self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
         self.progress = progress
@@ -248,6 +264,7 @@ class SyncEpochs:
         for steps in calls:
             self.local += self.train_steps(self.iterator, tf.constant(steps))
             self.done, ran = self.done + steps, ran + steps
+            self.first_step_at = self.first_step_at or time.time()
             if on_nan and not np.isfinite(self.local[0].numpy()):
                 on_nan(self.done)
             if self.bar and self.done < self.bar.target:  # this worker's running values
@@ -288,6 +305,7 @@ class AsyncEpochs:
     is free and waits for them all, counting each worker's steps. A worker that dies loses nothing:
     its calls run again on the others."""
     progress = False
+    first_step_at = None  # time.time() when the first call returned
 
     def __init__(self, strategy, train_steps, dataset_fn, optimizer, workers: int):
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -320,6 +338,7 @@ class AsyncEpochs:
                 continue  # (a failed ps or call is raised again by join() below)
             finally:
                 self.heartbeat.pet()
+            self.first_step_at = self.first_step_at or time.time()
             self.worker_steps[int(worker)] += steps
             self.sums += worker_totals
         self.coordinator.join()

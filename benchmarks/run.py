@@ -1,0 +1,306 @@
+"""The benchmark suite: distrain against plain Keras and against its own settings, measured side by side.
+
+    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,pipeline,startup,accuracy,scaling,ps_data]
+
+Never timed tests: this prints ratios measured in one run. Each round runs every configuration of a
+section back to back, in alternating order (A B, then B A), so drift on a shared machine hits both
+sides of a ratio alike; a ratio is computed per round, and the median is reported with the range.
+Every run is a fresh process on the bundled digits, pinned to the same cores (--cores). Throughput
+is examples/s over the epochs after the first (tracing, warm-up), as train.py reports it.
+
+Writes benchmarks/results/benchmarks.json (every sample) and benchmarks/results/benchmarks.md (the
+table the README quotes, with the machine named).
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TRAIN, PLAIN = HERE.parent / "train.py", HERE / "plain_keras.py"
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+QUIET = ["trainer.verbose=0", "trainer.save_model=false", "data.source=bundled"]
+SECTIONS = ("overhead", "settings", "pipeline", "startup", "accuracy", "scaling", "ps_data")
+
+
+class Bench:
+    def __init__(self, opts):
+        self.opts, self.cores = opts, opts.cores
+        self.workdir = Path(tempfile.mkdtemp(prefix="distrain-bench-"))
+        self.rows, self.samples = [], {}
+
+    def _run(self, argv: list, timeout: float = 1200, env=None, watch=None) -> tuple[subprocess.CompletedProcess, float]:
+        env = {**os.environ, "DISTRAIN_STARTED": str(time.time()), **(env or {})}
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                preexec_fn=lambda: os.sched_setaffinity(0, self.cores))
+        if watch:
+            watch(proc)
+        out, _ = proc.communicate(timeout=timeout)
+        wall = time.perf_counter() - start
+        if proc.returncode:
+            sys.exit(f"benchmark run failed: {' '.join(map(str, argv))}\n{out[-3000:]}")
+        return out, wall
+
+    def train(self, *args, watch=None) -> dict:
+        """results.json of `python train.py ARGS` (quiet, bundled digits), with its wall-clock seconds."""
+        run_dir = Path(tempfile.mkdtemp(dir=self.workdir))
+        _, wall = self._run([sys.executable, str(TRAIN), f"hydra.run.dir={run_dir}", *QUIET, *args],
+                            watch=watch and (lambda proc: watch(proc, run_dir)))
+        results = json.loads((run_dir / "results.json").read_text())
+        return {**results, "wall_seconds": wall, "run_dir": str(run_dir)}
+
+    def plain(self, *args) -> dict:
+        out, wall = self._run([sys.executable, str(PLAIN), f"--epochs={self.opts.epochs}", *args])
+        return {**json.loads(out.strip().splitlines()[-1]), "wall_seconds": wall}
+
+    def rounds(self, name: str, configs: dict, rounds: int | None = None) -> dict:
+        """label -> list of results, one per round; every label once per round, order alternating."""
+        rounds = rounds or self.opts.rounds
+        got = {label: [] for label in configs}
+        for r in range(rounds):
+            for label in (list(configs) if r % 2 == 0 else list(configs)[::-1]):
+                got[label].append(configs[label]())
+                res = got[label][-1]
+                print(f"  {name} round {r + 1}/{rounds}  {label:<44} {res['examples_per_sec']:8.0f} examples/s  "
+                      f"test accuracy {res['test_accuracy']:.4f}", flush=True)
+        self.samples[name] = {label: [strip(s) for s in runs] for label, runs in got.items()}
+        return got
+
+    def row(self, section: str, measure: str, values: list | float | str, unit: str = "", target: str = "",
+            met: bool | None = None) -> None:
+        if isinstance(values, list):
+            shown = f"{statistics.median(values):.2f}{unit} ({min(values):.2f}-{max(values):.2f})"
+            value = statistics.median(values)
+        else:
+            shown, value = (f"{values:.2f}{unit}" if isinstance(values, float) else values), values
+        verdict = "" if met is None else ("yes" if met else "**no**")
+        self.rows.append({"section": section, "measure": measure, "value": value, "shown": shown,
+                          "samples": values if isinstance(values, list) else None, "target": target, "met": verdict})
+        print(f"{section:<10} {measure:<62} {shown:<26} {target} {verdict}", flush=True)
+
+
+def strip(results: dict) -> dict:
+    keep = ("examples_per_sec", "steps_per_sec", "test_accuracy", "train_seconds", "seconds_to_first_step",
+            "wall_seconds", "epoch_seconds", "precision_policy", "steps_per_execution")
+    return {k: results[k] for k in keep if k in results}
+
+
+def ratios(a: list, b: list, key: str = "examples_per_sec") -> list:
+    return [x[key] / y[key] for x, y in zip(a, b)]
+
+
+def overhead(b: Bench) -> None:
+    """train.py strategy=default against plain Model.fit: same model, data, batch, optimizer, float32."""
+    e = f"trainer.epochs={b.opts.epochs}"
+    got = b.rounds("overhead", {"distrain, strategy=default (float32)": lambda: b.train(e, "trainer.mixed_precision=false"),
+                                "plain tf_keras Model.fit (float32)": lambda: b.plain()})
+    mine, plain = got.values()
+    b.row("overhead", "examples/s: distrain / plain Keras fit", ratios(mine, plain), "", ">= 0.98",
+          statistics.median(ratios(mine, plain)) >= 0.98)
+    b.row("overhead", "test accuracy: distrain - plain Keras fit (points)",
+          [100 * (x["test_accuracy"] - y["test_accuracy"]) for x, y in zip(mine, plain)])
+    b.training_rate = max(statistics.median(r["examples_per_sec"] for r in runs) for runs in got.values())
+
+
+def settings(b: Bench) -> None:
+    """The trainer's speed settings, each against the default float32 loop, and XLA under plain Keras too."""
+    e = f"trainer.epochs={b.opts.epochs}"
+    ps = ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]
+    got = b.rounds("settings", {
+        "float32, 1 step per call": lambda: b.train(e, "trainer.mixed_precision=false", "trainer.steps_per_execution=1"),
+        "float32, 8 steps per call (default)": lambda: b.train(e, "trainer.mixed_precision=false"),
+        "mixed_precision=auto (default)": lambda: b.train(e),
+        "float32, jit_compile=true": lambda: b.train(e, "trainer.mixed_precision=false", "trainer.jit_compile=true"),
+        "plain Keras, float32": lambda: b.plain(),
+        "plain Keras, jit_compile=True": lambda: b.plain("--jit-compile"),
+        "parameter_server 2 workers, 1 step per call": lambda: b.train(e, *ps, "trainer.steps_per_execution=1",
+                                                                        "trainer.mixed_precision=false"),
+        "parameter_server 2 workers, 8 steps per call": lambda: b.train(e, *ps, "trainer.mixed_precision=false"),
+    })
+    base = got["float32, 8 steps per call (default)"]
+    b.row("settings", "steps_per_execution 8 / 1 (default strategy)",
+          ratios(base, got["float32, 1 step per call"]), "x")
+    b.row("settings", "steps_per_execution 8 / 1 (parameter_server, 2 workers)",
+          ratios(got["parameter_server 2 workers, 8 steps per call"], got["parameter_server 2 workers, 1 step per call"]),
+          "x")
+    auto = got["mixed_precision=auto (default)"]
+    b.row("settings", f"mixed_precision=auto ({auto[0]['precision_policy']}) / float32", ratios(auto, base), "x")
+    b.row("settings", "mixed_precision=auto - float32: test accuracy (points)",
+          [100 * (x["test_accuracy"] - y["test_accuracy"]) for x, y in zip(auto, base)])
+    b.row("settings", "jit_compile=true / false, distrain", ratios(got["float32, jit_compile=true"], base), "x")
+    b.row("settings", "jit_compile=True / False, plain Keras fit",
+          ratios(got["plain Keras, jit_compile=True"], got["plain Keras, float32"]), "x")
+    b.training_rate = max(getattr(b, "training_rate", 0),
+                          *(statistics.median(r["examples_per_sec"] for r in runs) for runs in got.values()))
+
+
+def pipeline(b: Bench) -> None:
+    """The tf.data pipeline alone, each strategy's way of reading, against the fastest training measured."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.sched_setaffinity(0, b.cores)
+    sys.path.insert(0, str(HERE.parent / "src"))
+    from omegaconf import OmegaConf
+
+    from distrain import data as data_lib
+
+    (x, y), _ = data_lib.load(OmegaConf.create({"source": "bundled", "name": "mnist"}), 42)
+    modes = {"global batches (default, mirrored, central_storage)": {"batch_size": 128},
+             "a worker's slice of each global batch (multi_worker_mirrored, 2)": {"batch_size": 128, "part": (0, 2)},
+             "a worker's own shard (parameter_server, 2 workers)": {"batch_size": 128, "shard": (2, 0)}}
+    training = getattr(b, "training_rate", None)
+    if training is None:
+        training = b.train(f"trainer.epochs={b.opts.epochs}")["examples_per_sec"]
+    for label, kwargs in modes.items():
+        rates = []
+        for _ in range(b.opts.rounds):
+            ds = data_lib.make_dataset(x, y, seed=42, shuffle_buffer=10000, repeat=True, drop_remainder=True, **kwargs)
+            it = iter(ds)
+            for _ in range(50):  # warm-up
+                next(it)
+            examples, start = 0, time.perf_counter()
+            while time.perf_counter() - start < 2.0:
+                examples += int(next(it)[1].shape[0])
+            rates.append(examples / (time.perf_counter() - start))
+        b.row("pipeline", f"{label}: pipeline / training examples/s", [r / training for r in rates], "x",
+              ">= 20x", statistics.median(rates) / training >= 20)
+    b.samples["pipeline"] = {"training_examples_per_sec": training}
+
+
+def startup(b: Bench) -> None:
+    """Seconds to answer --help and --cfg job, and from the command's start to the first training step."""
+    for flag in (["--help"], ["--cfg", "job"]):
+        walls = [b._run([sys.executable, str(TRAIN), *flag])[1] for _ in range(b.opts.rounds)]
+        b.row("startup", f"`python train.py {' '.join(flag)}` seconds", walls, " s", "< 1 s", statistics.median(walls) < 1)
+    clusters = {"default": [], "multi_worker_mirrored, 2 workers": ["strategy=multi_worker_mirrored", "cluster.workers=2"],
+                "parameter_server, 1 ps + 2 workers": ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]}
+    got = b.rounds("startup", {label: (lambda a=args: b.train("trainer.epochs=1", *a)) for label, args in clusters.items()},
+                   rounds=max(1, b.opts.rounds // 2))
+    for label, runs in got.items():
+        b.row("startup", f"seconds to the first training step: {label}", [r["seconds_to_first_step"] for r in runs], " s")
+
+
+def accuracy(b: Bench) -> None:
+    """Training seconds until the test accuracy reaches the target: one run, resumed epoch by epoch (resume is
+    exact, so this is the run an uninterrupted one would be), evaluated after each epoch."""
+    def reach(target: float, args: list, label: str, most: int = 30) -> None:
+        run_dir = Path(tempfile.mkdtemp(dir=b.workdir))
+        for epoch in range(1, most + 1):
+            more = ["trainer.resume=true"] if epoch > 1 else []
+            b._run([sys.executable, str(TRAIN), f"hydra.run.dir={run_dir}", "trainer.verbose=0", *args,
+                    f"trainer.epochs={epoch}", *more])
+            results = json.loads((run_dir / "results.json").read_text())
+            print(f"  accuracy {label}: epoch {epoch}, {results['train_seconds']:.1f} s, "
+                  f"test accuracy {results['test_accuracy']:.4f}", flush=True)
+            if results["test_accuracy"] >= target:
+                b.row("accuracy", f"training seconds to {100 * target:.1f}% test accuracy: {label}",
+                      float(results["train_seconds"]), " s", f"epoch {epoch}")
+                return
+        b.row("accuracy", f"training seconds to {100 * target:.1f}% test accuracy: {label}", f"not in {most} epochs")
+
+    reach(0.975, ["data.source=bundled"], "bundled digits (8,000), defaults")
+    cache = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras")) / "datasets" / "mnist.npz"
+    if cache.exists():
+        reach(0.99, ["data.source=keras"], "full MNIST (60,000), defaults")
+    else:
+        b.row("accuracy", "training seconds to 99.0% test accuracy: full MNIST", f"not measured (no {cache})")
+
+
+def scaling(b: Bench) -> None:
+    """benchmarks/scaling.py, whose rounds run the sync, async and ceiling configurations side by side."""
+    out = b.workdir / "scaling.json"
+    b._run([sys.executable, str(HERE / "scaling.py"), f"--rounds={b.opts.rounds}", f"--out={out}"], timeout=7200)
+    found = json.loads(out.read_text())["ratios"]
+    b.samples["scaling"] = found
+    for name, values in found.items():
+        target = {"sync efficiency, 2 workers vs 2 x 1 worker": 0.85, "async speed-up, 2 workers vs 1 worker": 1.6}.get(name)
+        b.row("scaling", name, values, "", target and f">= {target}",
+              target and statistics.median(values) >= target)
+
+
+def ps_data(b: Bench) -> None:
+    """Parameter servers ship the training arrays to each worker inside the dataset function: what that
+    costs at 60,000 examples (Fashion-MNIST) against 8,000 (bundled digits), in start-up and worker memory."""
+    if not (FASHION / "train-images-idx3-ubyte.gz").exists():
+        b.row("ps_data", "parameter_server with 60,000 examples", f"not measured (no {FASHION}: "
+              "apt-get install dataset-fashion-mnist)")
+        return
+
+    def watch(proc, run_dir: Path) -> None:  # the workers' peak memory, read while they run
+        peak = {}
+
+        def poll():
+            while proc.poll() is None:
+                try:
+                    for task in json.loads((run_dir / "cluster.json").read_text())["tasks"]:
+                        if task["name"].startswith("worker") and task.get("pid"):
+                            status = Path(f"/proc/{task['pid']}/status").read_text()
+                            kb = int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
+                            peak[task["name"]] = max(peak.get(task["name"], 0), kb)
+                except (OSError, ValueError, KeyError, AttributeError):
+                    pass
+                time.sleep(0.2)
+            (run_dir / "worker_peak_kb.json").write_text(json.dumps(peak))
+
+        import threading
+        threading.Thread(target=poll, daemon=True).start()
+
+    ps = ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "trainer.epochs=1"]
+    got = b.rounds("ps_data", {"8,000 examples (bundled digits)": lambda: b.train(*ps, watch=watch),
+                               "60,000 examples (Fashion-MNIST)": lambda: b.train(*ps, "data=fashion_mnist", watch=watch)},
+                   rounds=max(1, b.opts.rounds // 2))
+    for label, runs in got.items():
+        time.sleep(0.5)
+        peaks = [max(json.loads((Path(r["run_dir"]) / "worker_peak_kb.json").read_text()).values()) / 1024
+                 for r in runs]
+        b.row("ps_data", f"{label}: seconds to the first step", [r["seconds_to_first_step"] for r in runs], " s")
+        b.row("ps_data", f"{label}: a worker's peak memory", peaks, " MiB")
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    return f"{model}, {len(os.sched_getaffinity(0))} cores, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=4, help="epochs of the throughput runs (the first is not timed)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
+    parser.add_argument("--cores", default=None, help="cores every run is pinned to, e.g. 0,1 (default: all)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    opts = parser.parse_args()
+    opts.cores = set(map(int, opts.cores.split(","))) if opts.cores else os.sched_getaffinity(0)
+    unknown = set(opts.only.split(",")) - set(SECTIONS)
+    if unknown:
+        sys.exit(f"error: --only {','.join(sorted(unknown))} names no section: choose from {', '.join(SECTIONS)}")
+    b = Bench(opts)
+    print(f"machine: {machine()}; {opts.rounds} rounds; runs pinned to cores {sorted(opts.cores)}", flush=True)
+    started = time.time()
+    for section in SECTIONS:
+        if section in opts.only.split(","):
+            print(f"== {section}: {globals()[section].__doc__.split(chr(10))[0]}", flush=True)
+            globals()[section](b)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine(), "rounds": opts.rounds, "epochs": opts.epochs, "cores": sorted(opts.cores),
+              "date": time.strftime("%Y-%m-%d"), "minutes": round((time.time() - started) / 60, 1),
+              "rows": b.rows, "samples": b.samples}
+    (opts.out / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"Measured on {machine()}, {report['date']}: median of {opts.rounds} rounds (range), "
+             f"ratios per round; {opts.epochs} epochs per throughput run.", "",
+             "| section | measure | median (range) | target | met |", "|---|---|---|---|---|"]
+    lines += [f"| {r['section']} | {r['measure']} | {r['shown']} | {r['target']} | {r['met']} |" for r in b.rows]
+    (opts.out / "benchmarks.md").write_text("\n".join(lines) + "\n")
+    print(f"\nwrote {opts.out / 'benchmarks.json'} and {opts.out / 'benchmarks.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Device choices that depend on GPUs, kept honest on a CPU machine: the logic is driven with fake
+device lists (no GPU with TensorFlow is available to this project's machines)."""
+import pytest
+import tensorflow as tf
+from omegaconf import OmegaConf
+
+from distrain import strategy as strategy_lib
+from distrain.config import ConfigError
+from distrain.strategy import compute_devices, configure_devices, precision_policy
+
+GPU_BOX = ["/cpu:0", "/gpu:0", "/gpu:1"]
+
+
+def node(**keys):
+    return OmegaConf.create({"name": "mirrored", "cpu_virtual_devices": 0, "devices": None, **keys})
+
+
+@pytest.mark.parametrize("setting, gpus, cpu, policy", [
+    (False, [(8, 0)], {"avx512_bf16"}, "float32"),                  # off is off, whatever the hardware
+    ("auto", [(8, 0), (8, 6)], set(), "mixed_float16"),            # tensor cores
+    ("auto", [(8, 0), (6, 1)], set(), "float32"),                  # one card without: the slowest decides
+    (True, [(6, 1)], set(), "mixed_float16"),                      # asked for: given, though slow
+    ("auto", [], {"avx512f", "avx512_bf16"}, "mixed_bfloat16"),    # native bfloat16 on the CPU
+    ("auto", [], {"amx_bf16", "amx_tile"}, "mixed_bfloat16"),
+    ("auto", [], {"avx512f", "avx2"}, "float32"),                  # emulated bfloat16 would be slower
+    (True, [], {"avx2"}, "mixed_bfloat16"),
+])
+def test_precision_follows_the_hardware(setting, gpus, cpu, policy):
+    chosen, why = precision_policy(setting, gpus, cpu)
+    assert chosen == policy
+    assert why.startswith("trainer.mixed_precision=")
+
+
+def test_this_machine_is_read():
+    """The flags come from the real CPU (Linux): a parse that always found nothing would turn auto off."""
+    flags = strategy_lib.cpu_flags()
+    assert {"fpu", "sse2"} <= flags
+    expected = "mixed_bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32"
+    assert precision_policy("auto", gpus=[])[0] == expected
+    assert strategy_lib.gpu_capabilities() == []  # no GPU here: the lists above are the GPU cases
+
+
+@pytest.mark.parametrize("keys, devices", [
+    ({}, ["/gpu:0", "/gpu:1"]),                                    # every GPU
+    ({"devices": ["/GPU:1"]}, ["/gpu:1"]),                          # named, in any spelling
+    ({"devices": ["/gpu:1", "/cpu:0"]}, ["/gpu:1", "/cpu:0"]),
+    ({"cpu_virtual_devices": 2}, ["/cpu:0"]),                       # the CPUs asked for (one here)
+])
+def test_replica_devices_on_a_machine_with_gpus(keys, devices):
+    assert compute_devices(node(**keys), have=GPU_BOX) == devices
+
+
+def test_replica_devices_without_gpus_and_a_missing_one():
+    assert compute_devices(node(), have=["/cpu:0"]) == ["/cpu:0"]
+    with pytest.raises(ConfigError, match=r"device /gpu:2 is not on this machine \(it has /cpu:0, /gpu:0, /gpu:1\)"):
+        compute_devices(node(devices=["/gpu:0", "/gpu:2"]), have=GPU_BOX)
+
+
+def test_every_gpu_gets_memory_growth(monkeypatch):
+    grown = []
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda gpu, on: grown.append((gpu, on)))
+    configure_devices(node(), gpus=["GPU:0", "GPU:1"])
+    assert grown == [("GPU:0", True), ("GPU:1", True)]
+    configure_devices(node(), gpus=[])  # control: no GPU, no call
+    assert len(grown) == 2
