@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TRAIN, PLAIN = HERE.parent / "train.py", HERE / "plain_keras.py"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
-QUIET = ["trainer.verbose=0", "trainer.save_model=false", "data.source=bundled"]
+QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
 SECTIONS = ("overhead", "settings", "pipeline", "startup", "accuracy", "scaling", "ps_data")
 
 
@@ -52,7 +52,8 @@ class Bench:
     def train(self, *args, watch=None) -> dict:
         """results.json of `python train.py ARGS` (quiet, bundled digits), with its wall-clock seconds."""
         run_dir = Path(tempfile.mkdtemp(dir=self.workdir))
-        _, wall = self._run([sys.executable, str(TRAIN), f"hydra.run.dir={run_dir}", *QUIET, *args],
+        data = [] if any(a.startswith("data=") for a in args) else ["data.source=bundled"]
+        _, wall = self._run([sys.executable, str(TRAIN), f"hydra.run.dir={run_dir}", *QUIET, *data, *args],
                             watch=watch and (lambda proc: watch(proc, run_dir)))
         results = json.loads((run_dir / "results.json").read_text())
         return {**results, "wall_seconds": wall, "run_dir": str(run_dir)}
@@ -144,12 +145,16 @@ def settings(b: Bench) -> None:
 
 def pipeline(b: Bench) -> None:
     """The tf.data pipeline alone, each strategy's way of reading, against the fastest training measured."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.sched_setaffinity(0, b.cores)
     sys.path.insert(0, str(HERE.parent / "src"))
     from omegaconf import OmegaConf
 
     from distrain import data as data_lib
+
+    stderr = os.dup(2)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # TensorFlow's start-up lines
+    import tensorflow  # noqa: F401
+    os.dup2(stderr, 2)
 
     (x, y), _ = data_lib.load(OmegaConf.create({"source": "bundled", "name": "mnist"}), 42)
     modes = {"global batches (default, mirrored, central_storage)": {"batch_size": 128},
@@ -158,16 +163,21 @@ def pipeline(b: Bench) -> None:
     training = getattr(b, "training_rate", None)
     if training is None:
         training = b.train(f"trainer.epochs={b.opts.epochs}")["examples_per_sec"]
+    @tensorflow.function
+    def drain(iterator, batches):  # as the training step reads it: inside a tf.function, no Python per batch
+        examples = tensorflow.constant(0)
+        for _ in tensorflow.range(batches):
+            examples += tensorflow.shape(next(iterator)[1])[0]
+        return examples
+
     for label, kwargs in modes.items():
         rates = []
         for _ in range(b.opts.rounds):
             ds = data_lib.make_dataset(x, y, seed=42, shuffle_buffer=10000, repeat=True, drop_remainder=True, **kwargs)
             it = iter(ds)
-            for _ in range(50):  # warm-up
-                next(it)
-            examples, start = 0, time.perf_counter()
-            while time.perf_counter() - start < 2.0:
-                examples += int(next(it)[1].shape[0])
+            drain(it, tensorflow.constant(50))  # warm-up, tracing
+            start = time.perf_counter()
+            examples = int(drain(it, tensorflow.constant(1000)))
             rates.append(examples / (time.perf_counter() - start))
         b.row("pipeline", f"{label}: pipeline / training examples/s", [r / training for r in rates], "x",
               ">= 20x", statistics.median(rates) / training >= 20)
