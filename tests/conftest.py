@@ -1,5 +1,7 @@
+import gzip
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -15,6 +17,16 @@ CONF = ROOT / "conf"
 TRAIN_PY = ROOT / "train.py"
 # Subprocess runs must finish well inside this; a hang fails the test instead of the suite.
 RUN_TIMEOUT = 240
+
+
+def write_idx(path: Path, array, compress: bool) -> None:
+    """An MNIST-format IDX file of a uint8 array (gzipped: path + .gz)."""
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw = header + array.astype("uint8").tobytes()
+    if compress:
+        path, raw = path.with_name(path.name + ".gz"), gzip.compress(raw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
 
 
 def make_cfg(*overrides):

@@ -1,18 +1,15 @@
 """Data sources (bundled, idx, keras cache / download, synthetic) and the tf.data pipeline."""
 import functools
-import gzip
 import hashlib
 import http.server
-import struct
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from distrain import data
 from distrain.config import ConfigError
-from conftest import make_cfg
+from conftest import make_cfg, write_idx
 
 PER_CLASS = [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]  # from the data README
 
@@ -33,15 +30,6 @@ def test_bundled_split_is_8000_2000_shuffled_and_complete():
     np.testing.assert_array_equal(ytr, ytr2)
     (_, ytr3), _ = data.load(make_cfg("data.source=bundled").data, seed=7)
     assert not np.array_equal(ytr, ytr3)
-
-
-def write_idx(path: Path, array: np.ndarray, compress: bool):
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    raw = header + array.astype(np.uint8).tobytes()
-    if compress:
-        path = path.with_name(path.name + ".gz")
-        raw = gzip.compress(raw)
-    path.write_bytes(raw)
 
 
 @pytest.fixture
@@ -192,3 +180,37 @@ def test_repeated_epochs_are_reshuffled_whole_batches():
     epochs = np.concatenate([b[1].numpy() for b in ds.take(6)]).reshape(2, 96)
     assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(y.tolist())  # each epoch: every example once
     assert epochs[0].tolist() != epochs[1].tolist()
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_a_parameter_server_worker_reads_idx_files_itself(tmp_path, compress):
+    """TensorFlow ops read the same arrays numpy does, wherever they run."""
+    (x, y), _ = data.synthetic(300, 10, seed=3)
+    write_idx(tmp_path / "train-images-idx3-ubyte", x, compress)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", y, compress)
+    images, labels = data.read_train_files(make_cfg("data.source=idx", f"data.path={tmp_path}").data)
+    np.testing.assert_array_equal(images.numpy(), x)
+    np.testing.assert_array_equal(labels.numpy(), y)
+    assert data.read_train_files(make_cfg("data.source=bundled").data) is None  # not files: shipped
+
+
+def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx_dir, monkeypatch):
+    """The function the coordinator sends every worker: with data.source=idx it holds the file names,
+    not the data (control: the same data as arrays is inside it)."""
+    import tensorflow as tf
+
+    from distrain.training import worker_dataset_fn
+
+    monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
+    path, (x, y), _ = idx_dir
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+
+    def constant_bytes(cfg) -> int:
+        fn = worker_dataset_fn(x, y, cfg, workers=2)
+        graph = tf.function(lambda: fn(context)._variant_tensor).get_concrete_function().graph
+        return sum(tf.make_ndarray(op.get_attr("value")).nbytes for op in graph.get_operations() if op.type == "Const")
+
+    from_files = constant_bytes(make_cfg("data.source=idx", f"data.path={path}"))
+    as_arrays = constant_bytes(make_cfg("data=synthetic"))
+    assert as_arrays >= x.nbytes  # the control: 300 images travel inside the function
+    assert from_files < 4096

@@ -15,9 +15,10 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from distrain import data
 from distrain.training import train
 from conftest import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
-                      wait_until)
+                      wait_until, write_idx)
 
 BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false"]
 
@@ -42,8 +43,14 @@ def test_multi_worker_mirrored_two_workers_learn(tmp_path):
 
 
 def test_parameter_server_one_ps_two_workers_learn(tmp_path):
+    """...from IDX files (the bundled digits), which each worker reads itself."""
+    (x_train, y_train), (x_test, y_test) = data.load(make_cfg("data.source=bundled").data, 42)
+    for split, images, labels in (("train", x_train, y_train), ("t10k", x_test, y_test)):
+        write_idx(tmp_path / "idx" / f"{split}-images-idx3-ubyte", images, compress=True)
+        write_idx(tmp_path / "idx" / f"{split}-labels-idx1-ubyte", labels, compress=True)
     run_dir = tmp_path / "run"
-    out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", *BUNDLED_ONE_EPOCH)
+    out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", *BUNDLED_ONE_EPOCH[1:],
+                  "data.source=idx", f"data.path={tmp_path / 'idx'}")
     assert out.returncode == 0, out.stdout[-4000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert (results["num_workers"], results["num_ps"]) == (2, 1)

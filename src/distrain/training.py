@@ -18,12 +18,17 @@ from .strategy import (cluster_size, configure_devices, gpu_capabilities, is_chi
                        replica_devices)
 
 
-def set_precision(setting, verbose: bool = False) -> str:
-    """Sets Keras's dtype policy for trainer.mixed_precision on this machine's devices; returns it."""
-    policy, why = precision_policy(setting)
+def set_precision(t, announce: bool = False) -> str:
+    """Sets Keras's dtype policy for t.mixed_precision on this machine's devices and returns it;
+    `announce` says which and why, and on a CPU what t.jit_compile costs."""
+    policy, why = precision_policy(t.mixed_precision)
     keras.mixed_precision.set_global_policy(policy)
-    if verbose:
+    if announce:
         print(f"precision: {policy} ({why})", flush=True)
+    if announce and t.jit_compile and not gpu_capabilities():
+        print("warning: trainer.jit_compile=true on a CPU: XLA's CPU kernels run this model several times slower "
+              "than TensorFlow's own (oneDNN), under plain Keras too (benchmarks/run.py measures it); XLA is for "
+              "GPUs", flush=True)
     return policy
 
 
@@ -52,11 +57,7 @@ def train(cfg, run_dir: Path, strategy=None):
         strategy = make_strategy(cfg.strategy)
     t = cfg.trainer
     asynchronous = isinstance(strategy, tf.distribute.ParameterServerStrategy)
-    policy = set_precision(t.mixed_precision, verbose=bool(t.verbose) and is_chief(strategy))
-    if t.jit_compile and not gpu_capabilities() and is_chief(strategy):
-        print("warning: trainer.jit_compile=true on a CPU: XLA's CPU kernels run this model several times slower "
-              "than TensorFlow's own (oneDNN), under plain Keras too (benchmarks/run.py measures it); XLA is for "
-              "GPUs", flush=True)
+    policy = set_precision(t, announce=bool(t.verbose) and is_chief(strategy))
     keras.utils.set_random_seed(t.seed)
     if not asynchronous:
         check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
@@ -376,16 +377,23 @@ def distributed_train_dataset(strategy, images, labels, cfg, skip: int = 0):
 
 def per_worker_dataset(strategy, images, labels, cfg):
     """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated."""
-    t = cfg.trainer
     workers, _ = cluster_size(strategy)
+    return lambda: strategy.distribute_datasets_from_function(worker_dataset_fn(images, labels, cfg, workers))
+
+
+def worker_dataset_fn(images, labels, cfg, workers: int):
+    """The dataset function each worker runs. Data in files (data.source=idx) is read by the worker
+    itself; other data goes to the workers inside this function, through the coordinator."""
+    t = cfg.trainer
 
     def dataset_fn(context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return data_lib.make_dataset(images, labels, context.get_per_replica_batch_size(t.batch_size),
+        on_worker = data_lib.read_train_files(cfg.data)  # these ops run on the worker
+        return data_lib.make_dataset(*(on_worker or (images, labels)), context.get_per_replica_batch_size(t.batch_size),
                                      seed=t.seed, shuffle_buffer=cfg.data.shuffle_buffer, repeat=True,
-                                     shard=(workers, worker))
+                                     shard=(workers, worker), n=len(labels))
 
-    return lambda: strategy.distribute_datasets_from_function(dataset_fn)
+    return dataset_fn
 
 
 def placement_table(variables, num_ps: int) -> str:
@@ -401,7 +409,7 @@ def placement_table(variables, num_ps: int) -> str:
 def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
     """The evaluator task: evaluate each checkpoint the chief writes, until the last epoch's."""
     t = cfg.trainer
-    set_precision(t.mixed_precision)
+    set_precision(t)
     (_, _), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
     test_ds = data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed)
     model = build_model(cfg.model)
