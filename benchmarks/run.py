@@ -123,8 +123,13 @@ def overhead(b: Bench) -> None:
         print(f"  overhead round {r + 1}/{b.opts.rounds}  distrain {mine[-1]['examples_per_sec']:6.0f} examples/s "
               f"(core {min(a)}), plain Keras {plain[-1]['examples_per_sec']:6.0f} (core {min(c)})", flush=True)
     b.samples["overhead"] = {"distrain": [strip(r) for r in mine], "plain Keras": [strip(r) for r in plain]}
-    b.row("overhead", "examples/s: distrain / plain Keras fit, side by side, 1 core each", ratios(mine, plain), "",
-          ">= 0.98", statistics.median(ratios(mine, plain)) >= 0.98)
+    per_round = ratios(mine, plain)
+    b.row("overhead", "examples/s: distrain / plain Keras fit, side by side, 1 core each", per_round, "",
+          ">= 0.98", statistics.median(per_round) >= 0.98)
+    if len(per_round) >= 2:  # a pair of rounds has each program once on each core: the cores' difference cancels
+        pairs = [(per_round[i] * per_round[i + 1]) ** 0.5 for i in range(0, len(per_round) - 1, 2)]
+        b.row("overhead", "the same, per pair of rounds (cores swapped; geometric mean)", pairs, "", ">= 0.98",
+              statistics.median(pairs) >= 0.98)
     b.row("overhead", "test accuracy: distrain - plain Keras fit (points)",
           [100 * (x["test_accuracy"] - y["test_accuracy"]) for x, y in zip(mine, plain)])
 
