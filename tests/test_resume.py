@@ -4,8 +4,9 @@ strategies ends with the same weights as a run that was never stopped (model=mlp
 Multi-process tests are bounded in time and check that no process they caused is left behind.
 """
 import json
-import re
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -102,19 +103,34 @@ def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, proc, steps_per_epoch: int
     return finish(proc)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run directory of `python train.py ARGS` never stopped, run once per ARGS for the module."""
+    runs = {}
+
+    def run(args: list) -> Path:
+        if tuple(args) not in runs:
+            run_dir = tmp_path_factory.mktemp("whole") / "run"
+            out = run_cli(run_dir, *args)
+            assert out.returncode == 0, out.stdout[-3000:]
+            runs[tuple(args)] = run_dir
+        return runs[tuple(args)]
+    return run
+
+
+# The whole run killed (the default strategy's loop is the same, and is stopped in-process above).
 @pytest.mark.parametrize("strategy, victim, restarted_by", [
-    ("default", None, "user"),  # the whole run killed, resumed by hand
-    ("mirrored", None, "user"),  # the same on 2 virtual CPUs
+    ("mirrored", None, "user"),  # the whole run killed on 2 virtual CPUs, resumed by hand
     ("multi_worker_mirrored", "worker-1", "user"),  # cluster.max_restarts=0: the run fails, resumed by hand
     ("multi_worker_mirrored", "worker-1", "launcher"),  # the launcher restarts the cluster by itself
 ])
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, strategy, victim, restarted_by):
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, strategy, victim,
+                                                                       restarted_by):
     devices = ["strategy.cpu_virtual_devices=2"] if strategy == "mirrored" else []
     args = [f"strategy={strategy}", *devices, "cluster.workers=2", "data=synthetic", "data.train_examples=8192",
             "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=3", "trainer.verbose=2",
             *SGD_MLP[:-1], "trainer.checkpoint_every_steps=20"]  # 128 steps an epoch, 384 in all
-    out = run_cli(tmp_path / "whole", *args)
-    assert out.returncode == 0, out.stdout[-3000:]
+    whole_dir = uninterrupted(args)
     run_dir = tmp_path / "stopped"
     proc = start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
     out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 128, victim)
@@ -132,9 +148,9 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     results = json.loads((run_dir / "results.json").read_text())
     assert 0 < results["resumed_from_step"] < 384 and results["restarts"] == 1
     assert f"resumed from global step {results['resumed_from_step']}" in out
-    assert max_difference(weights(tmp_path / "whole" / "checkpoints" / "ckpt-384"),
+    assert max_difference(weights(whole_dir / "checkpoints" / "ckpt-384"),
                           weights(run_dir / "checkpoints" / "ckpt-384")) <= 1e-6
-    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    whole = json.loads((whole_dir / "results.json").read_text())
     assert len(results["history"]["loss"]) == 3
     np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], rtol=1e-5)
     assert_nothing_left(tmp_path)
@@ -147,13 +163,12 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     ("ok", ["trainer.batch_size=32"], "trainer.batch_size=32 contradicts the run being resumed, which has 64"),
     ("corrupt", [], "cannot be resumed"),
 ])
-def test_bad_resumes_are_one_line(tmp_path, setup, args, message):
+def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message):
     run_dir = tmp_path / "run"
     base = ["data=synthetic", "data.train_examples=256", "data.test_examples=64", "trainer.epochs=1",
             "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]
     if setup != "none":
-        out = run_cli(run_dir, *base, f"trainer.save_model={setup != 'no checkpoint'}")
-        assert out.returncode == 0, out.stdout[-2000:]
+        shutil.copytree(uninterrupted([*base, f"trainer.save_model={setup != 'no checkpoint'}"]), run_dir)
     if setup == "corrupt":
         for data_file in (run_dir / "checkpoints").glob("ckpt-*.data-*"):
             data_file.write_bytes(data_file.read_bytes()[:100])  # truncated, as a full disk leaves it

@@ -265,7 +265,7 @@ def unanswered(peers: dict, timeout: float = 1.0) -> dict:
     return silent
 
 
-def wait_for_peers(peers: dict, interval: float = 0.5) -> None:
+def wait_for_peers(peers: dict, interval: float = 0.1) -> None:
     """Until every peer answers. Its caller is bounded by the launcher's cluster.startup_timeout, which
     then names the peers that never answered."""
     while unanswered(peers):

@@ -121,6 +121,7 @@ class Task:
     cores: set = None  # CPU affinity, when pinned
     proc: subprocess.Popen = None
     ready: bool = False
+    ready_after: float = None  # seconds from the command's start to its first "ready" line
     restarts: int = 0
     peer_timeout: float = 0  # > 0: the task keeps a heartbeat (process.Heartbeat) that must not stop this long
     hung: bool = False
@@ -160,7 +161,9 @@ class Task:
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
                     last = line.rstrip(b"\r").rsplit(b"\r", 1)[-1].replace(b"\b", b"") + b"\n"
-                    self.ready = self.ready or READY.encode() in last
+                    if not self.ready and READY.encode() in last:
+                        self.ready = True
+                        self.ready_after = self.ready_after or report.seconds_since_start(time.time())
                     logfile.write(last)
                     if last.startswith(b"error:"):
                         out.flush()
@@ -209,7 +212,8 @@ class Task:
         return {"name": self.name, "type": spec.type if spec else "local", "index": spec.index if spec else 0,
                 "address": spec.address if spec else None, "pid": self.proc.pid if self.proc else None,
                 "cores": sorted(self.cores) if self.cores else None,
-                "state": state, "restarts": self.restarts, "log": str(self.log_path)}
+                "state": state, "restarts": self.restarts, "seconds_to_ready": self.ready_after,
+                "log": str(self.log_path)}
 
 
 def _stopped(pid: int) -> bool:

@@ -44,6 +44,12 @@ def write_status(run_dir: Path, status: str, code: int, error: str = "", log_tai
     return write_json(Path(run_dir) / STATUS, content)
 
 
+def seconds_since_start(moment: float | None) -> float | None:
+    """Seconds from the command's start (cli.py notes it in DISTRAIN_STARTED for every task) to a moment."""
+    started = os.environ.get("DISTRAIN_STARTED")
+    return round(moment - float(started), 3) if moment and started else None
+
+
 def summary_line(r: dict) -> str:
     return (f"Test accuracy {r['test_accuracy']:.2%}, loss {r['test_loss']:.4f} | "
             f"{r['train_seconds']:.1f} s training, {r['examples_per_sec']:,.0f} examples/s | "

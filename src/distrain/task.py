@@ -33,11 +33,12 @@ def main(argv=None) -> int:
             cluster_lib.check_port_free(task)
             if cfg.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
                 return serve(task, spec if cfg.cluster.name == "slurm" else None, cfg.cluster.startup_timeout)
-            if cfg.strategy.name == "parameter_server":  # the coordinator: up once its ps and workers are
-                cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
-        from .strategy import configure_devices, is_chief, make_strategy  # TensorFlow starts here
+        # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
+        from .strategy import configure_devices, is_chief, make_strategy
         from .training import train
 
+        if task and cfg.strategy.name == "parameter_server":  # the coordinator: up once its ps and workers are
+            cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy, cfg.cluster.peer_timeout if task else None)
         if task:

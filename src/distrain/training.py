@@ -1,5 +1,4 @@
 """The training loop: devices, strategy, data, model, training steps, evaluation, saved artefacts."""
-import os
 import shutil
 import tempfile
 import time
@@ -11,6 +10,7 @@ import tf_keras as keras
 
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
+from .report import seconds_since_start
 from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
 from .model import build_model, compile_model, hits, make_optimizer
 from .process import Heartbeat, Preempted, Preemption
@@ -36,12 +36,6 @@ def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
     """Examples per second over the epochs after the first (all of them when there is only one)."""
     timed = epoch_seconds[1:] or epoch_seconds
     return examples_per_epoch * len(timed) / sum(timed)
-
-
-def seconds_since_start(moment: float | None) -> float | None:
-    """Seconds from the command's start (cli.py notes it in DISTRAIN_STARTED for every task) to a moment."""
-    started = os.environ.get("DISTRAIN_STARTED")
-    return round(moment - float(started), 3) if moment and started else None
 
 
 def train(cfg, run_dir: Path, strategy=None):
