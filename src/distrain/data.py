@@ -4,6 +4,7 @@ Loading imports no TensorFlow, so the launcher can settle `data.source=auto` onc
 """
 import gzip
 import os
+import re
 import shutil
 import struct
 import urllib.request
@@ -116,23 +117,61 @@ def _read_idx_dir(path: Path):
                  for split in ("train", "t10k"))
 
 
-def read_train_files(data):
+OTHER_DATA = "holds other data than the coordinator read"
+
+
+def fingerprint(array) -> tuple[int, int]:
+    """(size, sum of the bytes): what a worker's copy of a file must match."""
+    return int(array.size), int(np.sum(array, dtype=np.int64))
+
+
+def read_train_files(data, expect=None):
     """The training images and labels as TensorFlow ops that read the IDX files where they run, or None
     for a source that is not files. A parameter-server worker reads its data itself this way: arrays
     captured in its dataset function would be shipped to every worker through the coordinator (at
-    60,000 examples, about 5 s of start-up and 0.5 GB more memory per worker, measured)."""
+    60,000 examples, about 5 s of start-up and 0.5 GB more memory per worker, measured).
+
+    expect: the fingerprints (images, labels) of the arrays the coordinator loaded; a worker whose
+    files differ (another version of the data at the same path) fails rather than train on it."""
     if data.source != "idx":
         return None
     import tensorflow as tf
 
-    def read(path: Path, header: int):  # the header is checked when the coordinator loads the same files
+    def read(path: Path, header: int, expected):  # the header is checked when the coordinator loads the files
         raw = tf.io.read_file(str(path))
         if path.suffix == ".gz":
             raw = tf.io.decode_compressed(raw, "GZIP")
-        return tf.io.decode_raw(raw, tf.uint8)[header:]
+        values = tf.io.decode_raw(raw, tf.uint8)[header:]
+        if expected is None:
+            return values
+        size, total = expected
+        same = tf.logical_and(tf.equal(tf.size(values, tf.int64), size),
+                              tf.equal(tf.reduce_sum(tf.cast(values, tf.int64)), total))
+        check = tf.debugging.Assert(same, [f"{path} {OTHER_DATA}"])
+        with tf.control_dependencies([check]):
+            return tf.identity(values)
 
     files = [idx_file(Path(data.path), "train", kind) for kind in ("images", "labels")]
-    return tf.reshape(read(files[0], 16), [-1, 28, 28]), read(files[1], 8)
+    images, labels = (read(f, header, e) for f, header, e in zip(files, (16, 8), expect or (None, None)))
+    return tf.reshape(images, [-1, 28, 28]), labels
+
+
+def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
+    """A worker's failure to read data.path (missing there, or other data), as one line; else None."""
+    import tensorflow as tf
+
+    exc = getattr(exc, "original_exception", exc)  # the coordinator wraps a failed dataset (ClosureInputError)
+    if data.source != "idx" or not isinstance(exc, (tf.errors.NotFoundError, tf.errors.InvalidArgumentError)):
+        return None
+    fix = ("every parameter-server worker reads the IDX files itself: give each worker's machine the same "
+           f"files at data.path={data.path}")
+    other = re.search(rf"([^\s\[\]'\"]+) {OTHER_DATA}", exc.message)
+    if other:
+        return ConfigError(f"a worker's {other.group(1)} {OTHER_DATA}: {fix}")
+    if isinstance(exc, tf.errors.NotFoundError) and str(data.path) in exc.message:
+        missing = re.sub(r"\{\{function_node [^}]*\}\}", "", exc.message.splitlines()[0]).strip()
+        return ConfigError(f"a worker cannot read its training data ({missing}): {fix}")
+    return None
 
 
 def read_idx(path: Path) -> np.ndarray:

@@ -40,7 +40,8 @@ def _raise_interrupted(signum, frame):
 
 
 # TensorFlow's lines that no setting hides any more: kept in the task logs, not shown on the terminal. Its
-# start-up, and the coordinator's retries while a parameter-server worker is down (the launcher says why).
+# start-up, the coordinator's retries while a parameter-server worker is down (the launcher says why), and
+# its report of each function a failed one cancelled (the run's own error line says why).
 NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom operations are on",
          b"Could not find cuda drivers", b"failed call to cuInit", b"Unable to register cu",
          b"computation placer already registered", b"TF-TRT Warning",
@@ -49,6 +50,7 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"function remotely due to failed to connect", b"Additional GRPC error information from remote",
          b"This could happen if the remote target has been", b":UNKNOWN:Error received from peer",
          b"Ignoring an error encountered when deleting remote tensors",
+         b"encountered the following error when processing", b"\t [[{{node ",
          b"MultiDeviceSaver.save.<locals>.tf_function_save")  # its checkpoints under parameter servers
 
 

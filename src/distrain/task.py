@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import report
 from .config import CLUSTER_STRATEGIES, ConfigError, PeerLost
+from .data import unreadable_on_worker
 from .process import Preempted, Preemption, die_with_parent
 
 
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
         try:
             results, _ = train(cfg, run_dir, strategy)
         except Exception as exc:  # noqa: BLE001 - only a lost peer is translated; anything else is raised again
-            raise lost_peer(exc, cfg) or exc
+            raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or exc
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -379,10 +379,11 @@ def worker_dataset_fn(images, labels, cfg, workers: int):
     """The dataset function each worker runs. Data in files (data.source=idx) is read by the worker
     itself; other data goes to the workers inside this function, through the coordinator."""
     t = cfg.trainer
+    expect = (data_lib.fingerprint(images), data_lib.fingerprint(labels))
 
     def dataset_fn(context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        on_worker = data_lib.read_train_files(cfg.data)  # these ops run on the worker
+        on_worker = data_lib.read_train_files(cfg.data, expect)  # these ops run on the worker
         return data_lib.make_dataset(*(on_worker or (images, labels)), context.get_per_replica_batch_size(t.batch_size),
                                      seed=t.seed, shuffle_buffer=cfg.data.shuffle_buffer, repeat=True,
                                      shard=(workers, worker), n=len(labels))
