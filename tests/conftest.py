@@ -1,7 +1,5 @@
-import gzip
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -11,22 +9,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import distrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any TensorFlow import)
+from distrain.data import write_idx  # noqa: F401  (for the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 TRAIN_PY = ROOT / "train.py"
 # Subprocess runs must finish well inside this; a hang fails the test instead of the suite.
 RUN_TIMEOUT = 240
-
-
-def write_idx(path: Path, array, compress: bool) -> None:
-    """An MNIST-format IDX file of a uint8 array (gzipped: path + .gz)."""
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    raw = header + array.astype("uint8").tobytes()
-    if compress:
-        path, raw = path.with_name(path.name + ".gz"), gzip.compress(raw)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(raw)
 
 
 def make_cfg(*overrides):

@@ -3,6 +3,7 @@ import functools
 import hashlib
 import http.server
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,15 +206,30 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
     path, (x, y), _ = idx_dir
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
 
-    def constant_bytes(cfg) -> int:
-        fn = worker_dataset_fn(x, y, cfg, workers=2)
+    def constant_bytes(cfg, source=None) -> int:
+        fn = worker_dataset_fn(x, y, cfg, workers=2, source=source)
         graph = tf.function(lambda: fn(context)._variant_tensor).get_concrete_function().graph
         return sum(tf.make_ndarray(op.get_attr("value")).nbytes for op in graph.get_operations() if op.type == "Const")
 
     from_files = constant_bytes(make_cfg("data.source=idx", f"data.path={path}"))
     as_arrays = constant_bytes(make_cfg("data=synthetic"))
+    # Other data on a local cluster: written to files once, which the workers read.
+    from_temporary_files = constant_bytes(make_cfg("data=synthetic"), data.TemporaryIdx(x, y))
     assert as_arrays >= x.nbytes  # the control: 300 images travel inside the function
-    assert from_files < 4096
+    assert from_files < 4096 and from_temporary_files < 4096
+
+
+def test_a_local_clusters_workers_read_other_data_from_temporary_files():
+    (x, y), _ = data.synthetic(300, 10, seed=3)
+    files = data.TemporaryIdx(x, y)
+    images, labels = data.read_train_files(files, (data.fingerprint(x), data.fingerprint(y)))
+    np.testing.assert_array_equal(images.numpy(), x)
+    np.testing.assert_array_equal(labels.numpy(), y)
+    path = Path(files.path)
+    del files
+    assert not path.exists()  # gone with the object that the dataset function holds
+    assert data.on_this_machine({"chief": ["127.0.0.1:1"], "ps": ["localhost:2"], "worker": ["[::1]:3"]})
+    assert not data.on_this_machine({"chief": ["127.0.0.1:1"], "worker": ["node7:3"]})
 
 
 def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):

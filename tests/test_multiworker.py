@@ -7,7 +7,9 @@ import os
 import re
 import signal
 import socket
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import portpicker
@@ -104,12 +106,15 @@ def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path)
 
 
 def test_with_max_restarts_0_a_killed_parameter_server_worker_ends_the_run(tmp_path):
-    run_dir = tmp_path / "run"
+    run_dir, started = tmp_path / "run", time.time() - 1
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
                  "trainer.epochs=50", "trainer.batch_size=32", "trainer.save_model=false", "cluster.max_restarts=0")
     chief_log = run_dir / "logs" / "chief-0.log"
     try:
         wait_until(lambda: chief_log.exists() and "Epoch 2/50" in chief_log.read_text(), proc, "epoch 2")
+        scratch = [p for p in Path(tempfile.gettempdir()).glob("distrain-scratch-*/distrain-data-*/train-*")
+                   if p.stat().st_mtime >= started]
+        assert len(scratch) == 2  # the control: while it runs, the workers read the synthetic data from there
         kill_task(run_dir, "worker-1")
     finally:
         out = finish(proc)
@@ -117,6 +122,7 @@ def test_with_max_restarts_0_a_killed_parameter_server_worker_ends_the_run(tmp_p
     assert "error: task worker-1 exited with status -9; the end of its log" in out
     assert not (run_dir / "results.json").exists()
     assert_nothing_left(run_dir)
+    assert not [p for p in scratch if p.exists()]  # ...and they went with the run
 
 
 @pytest.mark.parametrize("strategy, says", [

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import struct
+import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ConfigError
+from .process import scratch
 
 BUNDLED = Path(__file__).parent / "data" / "mnist-10k.npz"
 BUNDLED_TRAIN = 8000
@@ -154,6 +156,38 @@ def read_train_files(data, expect=None):
     files = [idx_file(Path(data.path), "train", kind) for kind in ("images", "labels")]
     images, labels = (read(f, header, e) for f, header, e in zip(files, (16, 8), expect or (None, None)))
     return tf.reshape(images, [-1, 28, 28]), labels
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def on_this_machine(cluster_spec: dict) -> bool:
+    """Every task of the cluster at a loopback address: one machine, one disk."""
+    return all(address.rpartition(":")[0] in LOOPBACK for tasks in cluster_spec.values() for address in tasks)
+
+
+class TemporaryIdx:
+    """Training arrays written once as IDX files in a temporary directory (removed with this object, at
+    exit, or with the local cluster's scratch directory), for a local cluster's parameter-server workers to
+    read as they read data.source=idx; through the coordinator, 60,000 examples cost each worker 5 s of
+    start-up and 0.5 GB of memory (measured)."""
+    source = "idx"
+
+    def __init__(self, images, labels):
+        self._dir = tempfile.TemporaryDirectory(prefix="distrain-data-", dir=scratch())
+        self.path = self._dir.name
+        for kind, array in (("images", images), ("labels", labels)):
+            write_idx(Path(self.path) / f"train-{kind}-idx{array.ndim}-ubyte", array)
+
+
+def write_idx(path: Path, array, compress: bool = False) -> None:
+    """An MNIST-format IDX file of a uint8 array (gzipped: path + .gz)."""
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw = header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+    if compress:
+        path, raw = path.with_name(path.name + ".gz"), gzip.compress(raw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
 
 
 def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:

@@ -4,11 +4,13 @@ exit status, and ends every one of them on success, failure, Ctrl-C or SIGTERM.
 The launcher never imports TensorFlow: logical devices and started servers cannot be undone inside
 a process, so each run (and, on a cluster, each task) gets a fresh one.
 """
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -22,7 +24,7 @@ from . import cluster as cluster_lib
 from . import data, report
 from .cluster import READY
 from .config import CLUSTER_STRATEGIES, ConfigError, checkpoint_dir, has_checkpoint, resumed, validate
-from .process import die_with_parent
+from .process import SCRATCH, die_with_parent
 
 log = logging.getLogger("distrain")
 
@@ -384,6 +386,17 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
                              startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job)
 
 
+@contextlib.contextmanager
+def scratch_dir():
+    """A directory for the tasks' temporary files (process.scratch()), removed even if a task was killed."""
+    with tempfile.TemporaryDirectory(prefix="distrain-scratch-") as path:
+        os.environ[SCRATCH] = path
+        try:
+            yield path
+        finally:
+            os.environ.pop(SCRATCH, None)
+
+
 def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) -> Outcome:
     """Every task of the cluster as a process on this machine, inside a private network if possible.
 
@@ -394,7 +407,7 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
     restarts = Restarts(c.max_restarts)
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
-            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
+            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores, scratch_dir():
         if not net.available:
             if c.isolate is True:
                 error = (f"error: cluster.isolate=true but no private network is possible here ({net.reason}): "

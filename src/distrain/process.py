@@ -1,5 +1,6 @@
-"""What a run's child processes do about their lifetime: none outlives the launcher, and a training
-task stops cleanly on SIGTERM (TensorFlow only for the handler multi_worker_mirrored needs)."""
+"""What a run's child processes do about their lifetime: none outlives the launcher, none leaves its
+temporary files behind, and a training task stops cleanly on SIGTERM (TensorFlow only for the handler
+multi_worker_mirrored needs)."""
 import atexit
 import ctypes
 import os
@@ -14,6 +15,15 @@ def die_with_parent() -> None:
     """Linux: this process gets SIGKILL when the process that started it dies, however it dies."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+SCRATCH = "DISTRAIN_SCRATCH"  # a local cluster's directory for its tasks' temporary files
+
+
+def scratch() -> str | None:
+    """Where a task keeps temporary files: its local cluster's scratch directory, which the launcher
+    removes even when a task is killed; else (None) the system's."""
+    return os.environ.get(SCRATCH)
 
 
 class Preempted(Exception):
@@ -44,10 +54,10 @@ class Preemption:
             return
         import tensorflow as tf
 
-        scratch = tempfile.mkdtemp(prefix="distrain-preemption-")  # the handler's bookkeeping; nothing is saved
-        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        bookkeeping = tempfile.mkdtemp(prefix="distrain-preemption-", dir=scratch())  # the handler's; nothing is saved
+        atexit.register(shutil.rmtree, bookkeeping, ignore_errors=True)
         cls._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
-            strategy.cluster_resolver, tf.train.Checkpoint(), checkpoint_dir=os.path.join(scratch, "agreement"),
+            strategy.cluster_resolver, tf.train.Checkpoint(), checkpoint_dir=os.path.join(bookkeeping, "agreement"),
             termination_config=tf.distribute.experimental.TerminationConfig(
                 exit_fn=cls._agree, save_fn=lambda *args, **kwargs: None))
 

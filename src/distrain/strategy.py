@@ -160,12 +160,17 @@ def is_chief(strategy) -> bool:
         "chief" not in resolver.cluster_spec().as_dict()
 
 
+def cluster_spec(strategy) -> dict:
+    """The cluster as {job: [addresses]}; {} outside a cluster."""
+    resolver = _cluster(strategy)
+    return resolver.cluster_spec().as_dict() if resolver else {}
+
+
 def cluster_size(strategy) -> tuple[int, int]:
     """(workers, ps): training tasks and parameter servers (a chief counts as a worker under MWMS)."""
-    resolver = _cluster(strategy)
-    if resolver is None:
+    spec = cluster_spec(strategy)
+    if not spec:
         return 1, 0
-    spec = resolver.cluster_spec().as_dict()
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         return len(spec["worker"]), len(spec["ps"])
     return len(spec.get("worker", [])) + len(spec.get("chief", [])), 0

@@ -13,8 +13,8 @@ from .checkpoints import Checkpoints, Progress, read_position, resume, segments
 from .report import seconds_since_start
 from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
 from .model import build_model, compile_model, hits, make_optimizer
-from .process import Heartbeat, Preempted, Preemption
-from .strategy import (cluster_size, configure_devices, gpu_capabilities, is_chief, make_strategy, precision_policy,
+from .process import Heartbeat, Preempted, Preemption, scratch
+from .strategy import (cluster_size, cluster_spec, configure_devices, gpu_capabilities, is_chief, make_strategy, precision_policy,
                        replica_devices)
 
 
@@ -71,7 +71,7 @@ def train(cfg, run_dir: Path, strategy=None):
     chief = is_chief(strategy)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
-    out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-"))
+    out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()))
     saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir) if chief else out_dir / "checkpoints") \
         if t.save_model else None
     progress = Progress()
@@ -304,6 +304,9 @@ class AsyncEpochs:
 
     def __init__(self, strategy, train_steps, dataset_fn, optimizer, workers: int):
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        # Kept for the run: a worker builds its dataset later, and again after a restart, from files
+        # that dataset_fn may own (data.TemporaryIdx).
+        self.dataset_fn = dataset_fn
         self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self.optimizer = optimizer
         self.worker_steps = [0] * workers
@@ -372,18 +375,22 @@ def distributed_train_dataset(strategy, images, labels, cfg, skip: int = 0):
 def per_worker_dataset(strategy, images, labels, cfg):
     """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated."""
     workers, _ = cluster_size(strategy)
-    return lambda: strategy.distribute_datasets_from_function(worker_dataset_fn(images, labels, cfg, workers))
+    source = cfg.data
+    if source.source != "idx" and data_lib.on_this_machine(cluster_spec(strategy)):
+        source = data_lib.TemporaryIdx(images, labels)  # a local cluster: its workers read the same disk
+    return lambda: strategy.distribute_datasets_from_function(worker_dataset_fn(images, labels, cfg, workers, source))
 
 
-def worker_dataset_fn(images, labels, cfg, workers: int):
-    """The dataset function each worker runs. Data in files (data.source=idx) is read by the worker
-    itself; other data goes to the workers inside this function, through the coordinator."""
+def worker_dataset_fn(images, labels, cfg, workers: int, source=None):
+    """The dataset function each worker runs. Data in IDX files (`source`, else cfg.data, with
+    source=idx) is read by the worker itself; other data goes to the workers inside this function,
+    through the coordinator."""
     t = cfg.trainer
     expect = (data_lib.fingerprint(images), data_lib.fingerprint(labels))
 
     def dataset_fn(context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        on_worker = data_lib.read_train_files(cfg.data, expect)  # these ops run on the worker
+        on_worker = data_lib.read_train_files(source or cfg.data, expect)  # these ops run on the worker
         return data_lib.make_dataset(*(on_worker or (images, labels)), context.get_per_replica_batch_size(t.batch_size),
                                      seed=t.seed, shuffle_buffer=cfg.data.shuffle_buffer, repeat=True,
                                      shard=(workers, worker), n=len(labels))
