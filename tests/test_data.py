@@ -91,6 +91,20 @@ def test_auto_prefers_the_keras_cache(tmp_path, monkeypatch):
     assert source == "keras" and "Keras cache found" in why
 
 
+def test_the_keras_source_reads_the_cache_auto_found(tmp_path, monkeypatch):
+    """KERAS_HOME's cache, where source=auto finds it, is the one loaded (tf_keras alone reads ~/.keras)."""
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    (x, y), (xt, yt) = data.synthetic(300, 100, seed=5)
+    for prefix, images, labels in (("train", x, y), ("t10k", xt, yt)):
+        write_idx(tmp_path / "datasets" / "fashion-mnist" / f"{prefix}-images-idx3-ubyte", images, True)
+        write_idx(tmp_path / "datasets" / "fashion-mnist" / f"{prefix}-labels-idx1-ubyte", labels, True)
+    cfg = make_cfg("data=fashion_mnist", "data.source=auto").data
+    assert data.resolve_source(cfg) == ("keras", f"Keras cache found at {tmp_path}/datasets/fashion-mnist")
+    (images, labels), _ = data.load(make_cfg("data=fashion_mnist", "data.source=keras").data, seed=0)
+    np.testing.assert_array_equal(images, x)
+    np.testing.assert_array_equal(labels, y)
+
+
 @pytest.fixture
 def local_server(tmp_path):
     """An HTTP server on 127.0.0.1 serving tmp_path/www; stopped after the test."""

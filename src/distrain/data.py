@@ -22,10 +22,14 @@ BUNDLED_TRAIN = 8000
 KERAS_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
 
 
+def keras_home() -> Path:
+    """The Keras cache: KERAS_HOME, else ~/.keras (tf_keras.datasets is told so; alone it ignores KERAS_HOME)."""
+    return Path(os.environ.get("KERAS_HOME", Path.home() / ".keras"))
+
+
 def keras_cache(name: str) -> Path:
-    """Where tf_keras.datasets keeps a download (it honours KERAS_HOME too)."""
-    home = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras"))
-    return home / "datasets" / ("mnist.npz" if name == "mnist" else "fashion-mnist")
+    """Where tf_keras.datasets keeps a download."""
+    return keras_home() / "datasets" / ("mnist.npz" if name == "mnist" else "fashion-mnist")
 
 
 def resolve_source(data) -> tuple[str, str]:
@@ -77,7 +81,7 @@ def load(data, seed: int):
         import tf_keras  # downloads into keras_cache() when missing
         module = tf_keras.datasets.mnist if data.name == "mnist" else tf_keras.datasets.fashion_mnist
         try:
-            splits = module.load_data()
+            splits = module.load_data(cache_dir=str(keras_home()))
         except Exception as exc:  # noqa: BLE001 - any failure here is "no data", said in one line
             raise ConfigError(f"data.source=keras could not load {data.name} ({exc}): "
                               "check the network or use data.source=bundled") from None
