@@ -236,7 +236,7 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
 def test_a_local_clusters_workers_read_other_data_from_temporary_files():
     (x, y), _ = data.synthetic(300, 10, seed=3)
     files = data.TemporaryIdx(x, y)
-    images, labels = data.read_train_files(files, (data.fingerprint(x), data.fingerprint(y)))
+    images, labels = data.read_train_files(files, data.train_file_hashes(files))
     np.testing.assert_array_equal(images.numpy(), x)
     np.testing.assert_array_equal(labels.numpy(), y)
     path = Path(files.path)
@@ -247,30 +247,32 @@ def test_a_local_clusters_workers_read_other_data_from_temporary_files():
 
 
 def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
-    """A worker checks the files it reads against the coordinator's fingerprints of the same data."""
+    """A worker checks the files it reads against the fingerprints of the coordinator's copy."""
     import tensorflow as tf
 
     (x, y), _ = data.synthetic(300, 10, seed=3)
-    write_idx(tmp_path / "train-images-idx3-ubyte", x, True)
-    write_idx(tmp_path / "train-labels-idx1-ubyte", y, True)
-    cfg = make_cfg("data.source=idx", f"data.path={tmp_path}").data
-    images, labels = data.read_train_files(cfg, (data.fingerprint(x), data.fingerprint(y)))
-    np.testing.assert_array_equal(labels.numpy(), y)  # the control: the same data passes
-    other = (data.fingerprint(x), data.fingerprint((y + 1) % 10))  # as another version of the labels would
+    for machine, labels in (("here", y), ("there", (y + 1) % 10)):  # there: another version of the labels
+        write_idx(tmp_path / machine / "train-images-idx3-ubyte", x, True)
+        write_idx(tmp_path / machine / "train-labels-idx1-ubyte", labels, True)
+    cfg = make_cfg("data.source=idx", f"data.path={tmp_path / 'here'}").data
+    there = make_cfg("data.source=idx", f"data.path={tmp_path / 'there'}").data
+    hashes = data.train_file_hashes(cfg)  # on the coordinator, of its copy
+    images, labels = tf.function(lambda: data.read_train_files(cfg, hashes))()  # as a worker runs it
+    np.testing.assert_array_equal(labels.numpy(), y)  # the control: the same files pass
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        data.read_train_files(cfg, other)
-    error = data.unreadable_on_worker(raised.value, cfg)
-    assert str(error) == (f"a worker's {tmp_path}/train-labels-idx1-ubyte.gz holds other data than the coordinator "
-                          f"read: every parameter-server worker reads the IDX files itself: give each worker's "
-                          f"machine the same files at data.path={tmp_path}")
+        data.read_train_files(there, data.train_file_hashes(cfg))
+    error = data.unreadable_on_worker(raised.value, there)
+    assert str(error) == (f"a worker's {tmp_path}/there/train-labels-idx1-ubyte.gz holds other data than the "
+                          f"coordinator read: every parameter-server worker reads the IDX files itself: give each "
+                          f"worker's machine the same files at data.path={tmp_path}/there")
 
     read = tf.function(lambda: data.read_train_files(cfg))
     read.get_concrete_function()  # the file names are settled where the function is made, as on a coordinator
-    (tmp_path / "train-labels-idx1-ubyte.gz").unlink()  # ...and the worker has no such file
+    (tmp_path / "here" / "train-labels-idx1-ubyte.gz").unlink()  # ...and the worker has no such file
     with pytest.raises(tf.errors.NotFoundError) as raised:
         read()
     assert str(data.unreadable_on_worker(raised.value, cfg)).startswith(
-        f"a worker cannot read its training data ({tmp_path}/train-labels-idx1-ubyte.gz; No such file or directory): "
+        f"a worker cannot read its training data ({tmp_path}/here/train-labels-idx1-ubyte.gz; No such file or directory): "
         "every parameter-server worker reads the IDX files itself")
     assert data.unreadable_on_worker(tf.errors.NotFoundError(None, None, "elsewhere"), cfg) is None
     assert data.unreadable_on_worker(ValueError("x"), cfg) is None

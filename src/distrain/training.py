@@ -378,15 +378,16 @@ def per_worker_dataset(strategy, images, labels, cfg):
     source = cfg.data
     if source.source != "idx" and data_lib.on_this_machine(cluster_spec(strategy)):
         source = data_lib.TemporaryIdx(images, labels)  # a local cluster: its workers read the same disk
-    return lambda: strategy.distribute_datasets_from_function(worker_dataset_fn(images, labels, cfg, workers, source))
+    expect = data_lib.train_file_hashes(source)  # of the coordinator's copy of the files, for the workers'
+    return lambda: strategy.distribute_datasets_from_function(
+        worker_dataset_fn(images, labels, cfg, workers, source, expect))
 
 
-def worker_dataset_fn(images, labels, cfg, workers: int, source=None):
+def worker_dataset_fn(images, labels, cfg, workers: int, source=None, expect=None):
     """The dataset function each worker runs. Data in IDX files (`source`, else cfg.data, with
-    source=idx) is read by the worker itself; other data goes to the workers inside this function,
-    through the coordinator."""
+    source=idx) is read by the worker itself, and checked against `expect`; other data goes to the
+    workers inside this function, through the coordinator."""
     t = cfg.trainer
-    expect = (data_lib.fingerprint(images), data_lib.fingerprint(labels))
 
     def dataset_fn(context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
