@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         Preemption.watch(strategy if cfg.strategy.name == "multi_worker_mirrored" else None)
         try:
             results, _ = train(cfg, run_dir, strategy)
-        except Exception as exc:  # noqa: BLE001 - only a lost peer is translated; anything else is raised again
+        except Exception as exc:  # noqa: BLE001 - a lost peer or unreadable data is translated, else raised
             raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or exc
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
