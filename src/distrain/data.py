@@ -183,9 +183,8 @@ def on_this_machine(cluster_spec: dict) -> bool:
 
 class TemporaryIdx:
     """Training arrays written once as IDX files in a temporary directory (removed with this object, at
-    exit, or with the local cluster's scratch directory), for a local cluster's parameter-server workers to
-    read as they read data.source=idx; through the coordinator, 60,000 examples cost each worker 5 s of
-    start-up and 0.5 GB of memory (measured)."""
+    exit, or with the local cluster's scratch directory): a local cluster's parameter-server workers
+    read them as they read data.source=idx (read_train_files says why)."""
     source = "idx"
 
     def __init__(self, images, labels):
