@@ -345,13 +345,15 @@ def main() -> None:
     b = Bench(opts)
     print(f"machine: {machine()}; {opts.rounds} rounds; runs pinned to cores {sorted(opts.cores)}", flush=True)
     started = time.time()
-    for section in SECTIONS:
-        if section in opts.only.split(","):
-            print(f"== {section}: {globals()[section].__doc__.split(chr(10))[0]}", flush=True)
-            try:
+    try:
+        for section in SECTIONS:
+            if section in opts.only.split(","):
+                print(f"== {section}: {globals()[section].__doc__.split(chr(10))[0]}", flush=True)
                 globals()[section](b)
-            except Failed as exc:
-                sys.exit(f"error: {exc}")
+    except Failed as exc:
+        sys.exit(f"error: {exc}")
+    finally:
+        shutil.rmtree(b.workdir, ignore_errors=True)  # the runs' directories; the samples are kept below
     opts.out.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine(), "rounds": opts.rounds, "epochs": opts.epochs, "cores": sorted(opts.cores),
               "date": time.strftime("%Y-%m-%d"), "minutes": round((time.time() - started) / 60, 1),
