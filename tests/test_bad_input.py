@@ -267,6 +267,14 @@ def test_bad_input_is_one_error_line_with_a_fix(tmp_path, case):
     assert_nothing_left(tmp_path)
 
 
+def test_missing_data_files_stop_a_local_cluster_before_it_starts(tmp_path):
+    out = run_cli(tmp_path / "run", *QUICK, *PS, "cluster.workers=2", "data.source=idx", f"data.path={tmp_path}")
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "no train-images-idx" in errors[0], out.stderr[-2000:]
+    assert not (tmp_path / "run" / "cluster.json").exists()  # no task was started
+    assert_nothing_left(tmp_path)
+
+
 def test_the_catalogue_is_large_and_its_checks_can_fail(tmp_path):
     """At least 100 cases, no two alike; and a good config passes the same checks' opposite (exit 0)."""
     assert len(CASES) >= 100

@@ -118,6 +118,13 @@ def idx_file(path: Path, split: str, kind: str) -> Path:
     return hits[0]
 
 
+def check_idx_dir(path: Path) -> None:
+    """The four IDX files are there (else ConfigError): a run, or a cluster, finds out before it starts."""
+    for split in ("train", "t10k"):
+        for kind in ("images", "labels"):
+            idx_file(path, split, kind)
+
+
 def _read_idx_dir(path: Path):
     return tuple((read_idx(idx_file(path, split, "images")), read_idx(idx_file(path, split, "labels")))
                  for split in ("train", "t10k"))

@@ -362,6 +362,9 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
                          checkpoint_dir(cfg, run_dir))
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
+        on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
+        if source == "idx" and on_this_machine:  # (a ps task elsewhere needs no data)
+            data.check_idx_dir(Path(cfg.data.path))
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
     except ConfigError as exc:
