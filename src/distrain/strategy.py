@@ -32,7 +32,8 @@ def local_devices() -> list[str]:
     return [_canonical(d.name) for d in tf.config.list_logical_devices() if d.device_type in ("CPU", "GPU")]
 
 
-def _checked(devices, have: list[str]) -> list[str]:
+def _checked(devices, have: list[str] | None = None) -> list[str]:
+    have = local_devices() if have is None else have
     for device in map(_canonical, devices):
         if device not in have:
             raise ConfigError(f"device {device} is not on this machine (it has {', '.join(have)}): "
@@ -95,12 +96,12 @@ def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distrib
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "one_device":
-        return tf.distribute.OneDeviceStrategy(_checked([strategy_cfg.device], local_devices())[0])
+        return tf.distribute.OneDeviceStrategy(_checked([strategy_cfg.device])[0])
     if name == "mirrored":
         return tf.distribute.MirroredStrategy(compute_devices(strategy_cfg))
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(
-            compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device], local_devices())[0])
+            compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device])[0])
     if name == "multi_worker_mirrored":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         if peer_timeout:

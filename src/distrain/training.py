@@ -10,10 +10,10 @@ import tf_keras as keras
 
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
-from .report import seconds_since_start
 from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
 from .model import build_model, compile_model, hits, make_optimizer
 from .process import Heartbeat, Preempted, Preemption, scratch
+from .report import seconds_since_start
 from .strategy import (cluster_size, cluster_spec, configure_devices, gpu_capabilities, is_chief, make_strategy,
                        precision_policy, replica_devices)
 
