@@ -133,7 +133,7 @@ CASES = [
     ("too-many-workers", [*MWMS, "cluster.workers=64", "trainer.batch_size=128"], "more than 8 per core"),
     # ---- names that are not among the choices ----
     ("optimizer", ["optimizer=rmsprop"], "optimizer=rmsprop must be one of adam, sgd: set e.g. optimizer=adam"),
-    ("data-source", ["data.source=s3"], "data.source=s3 must be one of auto, bundled, keras, idx, synthetic"),
+    ("data-source", ["data.source=s3"], "data.source=s3 must be one of auto, bundled, keras, idx, npz, synthetic"),
     ("communication", [*MWMS, "strategy.communication=mpi"], "strategy.communication=mpi must be one of auto"),
     ("isolate", ["cluster.isolate=maybe"], "cluster.isolate=maybe is not one of auto, true, false"),
     ("strategy-typo", ["strategy=mirorred"], "strategy=mirorred is not an option of strategy"),

@@ -23,7 +23,7 @@ def test_every_option_composes_and_validates(group):
         cfg = make_cfg(f"{group}={option}")
         assert cfg[group].get("name", option) == option
         if option != "fashion_mnist":  # its data path need not exist for validation
-            validate(cfg)
+            validate(make_cfg(f"{group}={option}", *(["data.path=x.npz"] if option == "npz" else [])))
 
 
 def test_strategy_group_has_the_contracted_names():
@@ -31,7 +31,7 @@ def test_strategy_group_has_the_contracted_names():
                                         "multi_worker_mirrored", "parameter_server"}
     assert set(options("cluster")) == {"local", "tf_config", "manual", "slurm"}
     assert set(options("model")) == {"cnn", "mlp"}
-    assert set(options("data")) == {"mnist", "fashion_mnist", "synthetic"}
+    assert set(options("data")) == {"mnist", "fashion_mnist", "synthetic", "npz"}
 
 
 @pytest.mark.parametrize("overrides, message", [

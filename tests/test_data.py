@@ -23,7 +23,7 @@ def test_bundled_file_is_the_documented_one():
 
 def test_bundled_split_is_8000_2000_shuffled_and_complete():
     (xtr, ytr), (xte, yte) = data.load(make_cfg("data.source=bundled").data, seed=42)
-    assert xtr.shape == (8000, 28, 28) and xte.shape == (2000, 28, 28)
+    assert xtr.shape == (8000, 28, 28, 1) and xte.shape == (2000, 28, 28, 1)  # with a channel axis
     assert xtr.dtype == np.uint8 and xtr.max() == 255
     assert np.bincount(np.concatenate([ytr, yte]), minlength=10).tolist() == PER_CLASS
     assert len(set(yte.tolist())) == 10  # shuffled before the split: every class in the test set
@@ -45,7 +45,7 @@ def idx_dir(tmp_path):
 def test_idx_directory_plain_and_gzipped(idx_dir):
     path, (xtr, ytr), (xte, yte) = idx_dir
     (a, b), (c, d) = data.load(make_cfg("data.source=idx", f"data.path={path}").data, seed=0)
-    for got, want in ((a, xtr), (b, ytr), (c, xte), (d, yte)):
+    for got, want in ((a, xtr[..., None]), (b, ytr), (c, xte[..., None]), (d, yte)):
         np.testing.assert_array_equal(got, want)
 
 
@@ -75,9 +75,9 @@ def test_missing_or_corrupt_bundled_file(tmp_path, monkeypatch, content, message
 
 def test_npz_with_wrong_shapes_is_rejected(tmp_path, monkeypatch):
     fake = tmp_path / "bad.npz"
-    np.savez(fake, images=np.zeros((10, 32, 32), np.uint8), labels=np.zeros(10, np.uint8))
+    np.savez(fake, images=np.zeros((10, 32), np.uint8), labels=np.zeros(10, np.uint8))
     monkeypatch.setattr(data, "BUNDLED", fake)
-    with pytest.raises(ConfigError, match=r"expected \(N, 28, 28\)"):
+    with pytest.raises(ConfigError, match=r"x_train has shape \(10, 32\), not images \(N, H, W\)"):
         data.load(make_cfg("data.source=bundled").data, seed=0)
 
 
@@ -101,7 +101,7 @@ def test_the_keras_source_reads_the_cache_auto_found(tmp_path, monkeypatch):
     cfg = make_cfg("data=fashion_mnist", "data.source=auto").data
     assert data.resolve_source(cfg) == ("keras", f"Keras cache found at {tmp_path}/datasets/fashion-mnist")
     (images, labels), _ = data.load(make_cfg("data=fashion_mnist", "data.source=keras").data, seed=0)
-    np.testing.assert_array_equal(images, x)
+    np.testing.assert_array_equal(images, x[..., None])
     np.testing.assert_array_equal(labels, y)
 
 
@@ -160,6 +160,7 @@ def test_pipeline_normalises_batches_and_shuffles_reproducibly():
     import tensorflow as tf
 
     (x, y), _ = data.synthetic(100, 1, seed=0)
+    x = x[..., None]  # as load() gives images: with a channel axis
     batches = list(data.make_dataset(x, y, 32, seed=5, shuffle_buffer=1000))
     assert [b[0].shape for b in batches] == [(32, 28, 28, 1)] * 3 + [(4, 28, 28, 1)]
     images = np.concatenate([b[0] for b in batches])
@@ -200,13 +201,28 @@ def test_repeated_epochs_are_reshuffled_whole_batches():
 @pytest.mark.parametrize("compress", [True, False])
 def test_a_parameter_server_worker_reads_idx_files_itself(tmp_path, compress):
     """TensorFlow ops read the same arrays numpy does, wherever they run."""
+    import tensorflow as tf
+
     (x, y), _ = data.synthetic(300, 10, seed=3)
     write_idx(tmp_path / "train-images-idx3-ubyte", x, compress)
     write_idx(tmp_path / "train-labels-idx1-ubyte", y, compress)
-    images, labels = data.read_train_files(make_cfg("data.source=idx", f"data.path={tmp_path}").data)
+    like = (x[..., None], y.astype(np.int32))  # as the coordinator holds them
+    images, labels = data.read_train_files(make_cfg("data.source=idx", f"data.path={tmp_path}").data, like)
+    np.testing.assert_array_equal(images.numpy(), like[0])
+    np.testing.assert_array_equal(labels.numpy(), y)
+    assert labels.dtype == tf.int32
+    assert data.read_train_files(make_cfg("data.source=bundled").data, like) is None  # not files: shipped
+
+
+def test_float_images_and_large_labels_go_through_idx_files(tmp_path):
+    """Other data (float images, labels past 255) takes the same way to parameter-server workers."""
+    x = np.random.default_rng(0).random((50, 6, 5, 3)).astype(np.float32)
+    y = np.arange(50, dtype=np.int32) * 7  # up to 343
+    files = data.TemporaryIdx(x, y)
+    np.testing.assert_array_equal(data.read_idx(Path(files.path) / "train-images-idx4-ubyte"), x)
+    images, labels = data.read_train_files(files, (x, y), data.train_file_hashes(files))
     np.testing.assert_array_equal(images.numpy(), x)
     np.testing.assert_array_equal(labels.numpy(), y)
-    assert data.read_train_files(make_cfg("data.source=bundled").data) is None  # not files: shipped
 
 
 def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx_dir, monkeypatch):
@@ -236,7 +252,7 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
 def test_a_local_clusters_workers_read_other_data_from_temporary_files():
     (x, y), _ = data.synthetic(300, 10, seed=3)
     files = data.TemporaryIdx(x, y)
-    images, labels = data.read_train_files(files, data.train_file_hashes(files))
+    images, labels = data.read_train_files(files, (x, y), data.train_file_hashes(files))
     np.testing.assert_array_equal(images.numpy(), x)
     np.testing.assert_array_equal(labels.numpy(), y)
     path = Path(files.path)
@@ -257,16 +273,16 @@ def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
     cfg = make_cfg("data.source=idx", f"data.path={tmp_path / 'here'}").data
     there = make_cfg("data.source=idx", f"data.path={tmp_path / 'there'}").data
     hashes = data.train_file_hashes(cfg)  # on the coordinator, of its copy
-    images, labels = tf.function(lambda: data.read_train_files(cfg, hashes))()  # as a worker runs it
+    images, labels = tf.function(lambda: data.read_train_files(cfg, (x, y), hashes))()  # as a worker runs it
     np.testing.assert_array_equal(labels.numpy(), y)  # the control: the same files pass
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        data.read_train_files(there, data.train_file_hashes(cfg))
+        data.read_train_files(there, (x, y), data.train_file_hashes(cfg))
     error = data.unreadable_on_worker(raised.value, there)
     assert str(error) == (f"a worker's {tmp_path}/there/train-labels-idx1-ubyte.gz holds other data than the "
                           f"coordinator read: every parameter-server worker reads the IDX files itself: give each "
                           f"worker's machine the same files at data.path={tmp_path}/there")
 
-    read = tf.function(lambda: data.read_train_files(cfg))
+    read = tf.function(lambda: data.read_train_files(cfg, (x, y)))
     read.get_concrete_function()  # the file names are settled where the function is made, as on a coordinator
     (tmp_path / "here" / "train-labels-idx1-ubyte.gz").unlink()  # ...and the worker has no such file
     with pytest.raises(tf.errors.NotFoundError) as raised:

@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import launcher, report, schema, sweep
+from . import report, schema
 from .config import ConfigError, validate
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -32,6 +32,8 @@ class JobFailed(Exception):
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def run(cfg: DictConfig) -> float | JobFailed | None:
     """Runs one job; returns its test accuracy, the objective a Hydra sweeper such as Optuna optimises."""
+    from . import launcher, sweep  # here: --help and --cfg job need neither (numpy, ports: 0.25 s of imports)
+
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     job = None
@@ -126,28 +128,48 @@ def _flags_first(argv: list) -> tuple[list, list]:
     return flags, overrides
 
 
+def _compose(flags: list, overrides: list) -> DictConfig:
+    """The config as Hydra composes it for a run, with the user's own --config-dir searched as Hydra's
+    --config-dir is (after conf/: its options add to the groups)."""
+    own = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--config-dir", "-cd")]
+    if own:
+        overrides = [f"hydra.searchpath=[file://{os.path.abspath(own[-1])}]", *overrides]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
 def _quick_help(flags: list, overrides: list) -> bool:
     """`--help` answered here, from the composed config: Hydra's own --help lists every config group,
     which copies the config store once per group (about 0.7 s with the schema's groups)."""
     if not {"--help", "-h"} & set(flags) or {"-m", "--multirun"} & set(flags):  # a sweep's a,b: Hydra's way
         return False
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        print(_help(compose(config_name="config", overrides=overrides)))
+    print(_help(_compose(flags, overrides)))
     return True
 
 
-def _check_printed_config(flags: list, overrides: list) -> None:
+def _printed_config(flags: list, overrides: list) -> bool:
     """`--cfg job` prints the config instead of running it: it is checked as a run would check it, so
-    that a value a run refuses is not shown as if it were fine. (Not for sweeps: a,b is no value.)"""
+    that a value a run refuses is not shown as if it were fine. (Not for sweeps: a,b is no value.)
+    `--cfg job` itself is answered here, from one composition (Hydra composes twice more); `--cfg all`
+    and `--package` go on to Hydra."""
     shown = {flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--cfg", "-c")}
-    if shown & {"job", "all"} and not {"-m", "--multirun"} & set(flags):
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            validate(compose(config_name="config", overrides=overrides))
+    if not shown & {"job", "all"} or {"-m", "--multirun"} & set(flags):
+        return False
+    cfg = _compose(flags, overrides)
+    validate(cfg)
+    if shown != {"job"} or {"-p", "--package"} & set(flags):
+        return False
+    print(OmegaConf.to_yaml(cfg, resolve="--resolve" in flags), end="")
+    return True
 
 
 def main() -> None:
     os.environ.setdefault("DISTRAIN_STARTED", str(time.time()))  # for results.json's seconds_to_first_step
+    if os.getcwd() not in sys.path:  # a user's model or data module, as the tasks (python -m) import it
+        sys.path.insert(1, os.getcwd())
     if sys.argv[1:2] == ["summarize"]:
+        from . import sweep
+
         sys.exit(sweep.main(sys.argv[2:]))
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
     # HYDRA_FULL_ERROR=1 gets the traceback instead.
@@ -158,8 +180,8 @@ def main() -> None:
     try:
         if _quick_help(flags, overrides):
             return
-        _check_printed_config(flags, overrides)
-        run()
+        if not _printed_config(flags, overrides):
+            run()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -1,5 +1,8 @@
 """Checks on the composed config that need no TensorFlow, so bad input fails in a second: each key
 against its schema (schema.py), then the checks that relate several keys."""
+import importlib.machinery
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -38,11 +41,20 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.data.source == "bundled" and cfg.data.name != "mnist":
         raise ConfigError(f"data.source=bundled holds MNIST digits, not {cfg.data.name}: "
                           f"set data=mnist, or another data.source for data={cfg.data.name}")
-    if (cfg.data.source == "synthetic") != (cfg.data.name == "synthetic"):
+    if cfg.data.source != "loader" and (cfg.data.source == "synthetic") != (cfg.data.name == "synthetic"):
         raise ConfigError(f"data.source={cfg.data.source} does not fit data={cfg.data.name}: "
                           "set data=synthetic for synthetic data, else drop the data.source override")
     if cfg.data.source == "idx" and not cfg.data.path:
         raise ConfigError("data.source=idx needs data.path: set data.path=/dir/with/idx-files")
+    if cfg.data.source == "npz" and not cfg.data.path:
+        raise ConfigError("data=npz needs data.path: set data.path=mydata.npz (arrays x_train, y_train, x_test, "
+                          "y_test)")
+    for group in ("model", "data"):
+        if cfg[group].get("_target_"):
+            check_importable(f"{group}._target_", cfg[group]._target_)
+    if cfg.model.get("path") and not Path(cfg.model.path).exists():
+        raise ConfigError(f"model.path={cfg.model.path} does not exist: point it at a .keras file or a SavedModel "
+                          "directory (a run's saved_model)")
     if t.checkpoint_dir:  # found at once, not after the first epoch of training
         directory = Path(t.checkpoint_dir)
         blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
@@ -80,6 +92,43 @@ def validate(cfg: DictConfig) -> DictConfig:
                               f"set fewer, e.g. cluster.workers={schema.CORES}")
     check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
     return cfg
+
+
+def check_importable(key: str, target: str) -> None:
+    """The top module of a builder or loader can be found from here (this directory, PYTHONPATH, the
+    installed packages) without importing it: a typo fails now, not once every task has started."""
+    top = target.split(".")[0]
+    if importlib.util.find_spec(top) is None and importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:
+        raise ConfigError(f"{key}={target}: there is no module {top} in this directory ({os.getcwd()}) or on "
+                          f"PYTHONPATH: run from the directory that holds {top}.py, or add its directory to PYTHONPATH")
+
+
+def instantiate(key: str, node, fix: str, **kwargs):
+    """hydra.utils.instantiate(node, **kwargs): a user's builder or loader, called with the node's other
+    keys as plain Python values. Its failure is a ConfigError naming `key`, the cause and `fix`."""
+    import hydra
+    from hydra.errors import InstantiationException
+
+    try:
+        return hydra.utils.instantiate(node, **kwargs, _convert_="all")
+    except InstantiationException as exc:
+        raise ConfigError(f"{key}={node._target_} failed ({reason(exc, node._target_)}): {fix}") from None
+
+
+def reason(exc: BaseException, target: str = "") -> str:
+    """The root cause of an exception, in one line: a builder's own error, or what `target` lacks."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    module, _, name = target.rpartition(".")
+    if isinstance(exc, ImportError) and module:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            pass
+        else:  # Hydra's message ("No module named 'mod.name'; 'mod' is not a package") hides this
+            return f"module {module} ({found.__file__}) has no {name}"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 _told = set()  # deprecation notices already printed by this process
@@ -137,7 +186,7 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
             continue
         mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(saved, key)
         if isinstance(mine, DictConfig):  # a group choice such as model=mlp: compare the options' names
-            mine, theirs = mine.get("name"), theirs.get("name") if isinstance(theirs, DictConfig) else theirs
+            mine, theirs = schema.label(mine), schema.label(theirs) if isinstance(theirs, DictConfig) else theirs
         if mine != theirs:
             raise ConfigError(f"{override} contradicts the run being resumed, which has {theirs!r} there "
                               f"({saved_path}): drop the override, or start a new run without trainer.resume")

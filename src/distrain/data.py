@@ -1,6 +1,9 @@
-"""MNIST-shaped data: where it comes from (numpy only) and the one tf.data pipeline.
+"""Image data: where it comes from (numpy only) and the one tf.data pipeline.
 
-Loading imports no TensorFlow, so the launcher can settle `data.source=auto` once for every task.
+Built in: MNIST (bundled, Keras, IDX files), Fashion-MNIST, synthetic. Your own: an .npz file
+(data=npz) or a loader function (data._target_). Every source gives uint8 or float32 images with a
+channel axis, (N, H, W, C), and integer labels. Loading imports no TensorFlow, so the launcher can
+settle `data.source=auto`, and check an .npz file, once for every task.
 """
 import gzip
 import os
@@ -14,8 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError
+from omegaconf import OmegaConf
+
+from .config import ConfigError, instantiate
 from .process import scratch
+from .schema import label, own_node
 
 BUNDLED = Path(__file__).parent / "data" / "mnist-10k.npz"
 BUNDLED_TRAIN = 8000
@@ -69,7 +75,8 @@ def _download(url: str, dest: Path, timeout: float):
 
 
 def load(data, seed: int):
-    """((x_train, y_train), (x_test, y_test)): uint8 images (N, 28, 28), int labels (N,)."""
+    """((x_train, y_train), (x_test, y_test)): images (N, H, W, C), uint8 (0-255) or float32 (as they
+    are), and integer labels from 0 to num_classes(data, ...) - 1. Bad data is a ConfigError."""
     source = data.source
     if source == "bundled":
         images, labels = _read_npz(BUNDLED, "images", "labels")
@@ -87,23 +94,63 @@ def load(data, seed: int):
                               "check the network or use data.source=bundled") from None
     elif source == "idx":
         splits = _read_idx_dir(Path(data.path))
+    elif source == "npz":
+        x_train, y_train, x_test, y_test = _read_npz(Path(data.path), *NPZ_ARRAYS)
+        splits = ((x_train, y_train), (x_test, y_test))
+    elif source == "loader":
+        splits = _call_loader(data)
     elif source == "synthetic":
         splits = synthetic(data.train_examples, data.test_examples, seed)
     else:
-        raise ConfigError(f"data.source={source!r} is unknown: use auto, bundled, keras, idx or synthetic")
-    for images, labels in splits:
-        _check(images, labels, source)
-    return splits
+        raise ConfigError(f"data.source={source!r} is unknown: use auto, bundled, keras, idx, npz or synthetic")
+    return _checked(splits, data)
 
 
-def _read_npz(path: Path, images_key: str, labels_key: str):
+NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the layout of Keras's own mnist.npz
+
+
+def _call_loader(data):
+    """A user's loader, called with the data node's other keys: ((x_train, y_train), (x_test, y_test))."""
+    own, arguments = own_node("data", data)
+    splits = instantiate("data._target_", OmegaConf.create({"_target_": own["_target_"], **arguments}),
+                         "it must name a function module.name importable from this directory or PYTHONPATH, "
+                         "taking the data node's other keys")
     try:
-        with np.load(path) as f:
-            return f[images_key], f[labels_key]
+        (x_train, y_train), (x_test, y_test) = splits
+        return (np.asarray(x_train), np.asarray(y_train)), (np.asarray(x_test), np.asarray(y_test))
+    except (TypeError, ValueError):
+        raise ConfigError(f"data._target_={own['_target_']} returned {_layout(splits)}, not ((x_train, y_train), "
+                          "(x_test, y_test)) as keras.datasets' load_data() does: return that") from None
+
+
+def _layout(value) -> str:
+    """What a loader returned, briefly: types and nesting, with array shapes."""
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_layout(v) for v in value[:4]) + (", ..." if len(value) > 4 else "") + ")"
+    return f"array{value.shape}" if hasattr(value, "shape") else type(value).__name__
+
+
+def num_classes(data, labels) -> int:
+    """data.num_classes, else one more than the largest label of these (the training and test labels)."""
+    return data.get("num_classes") or int(max(int(y.max()) for y in labels)) + 1
+
+
+def _read_npz(path: Path, *names):
+    """The named arrays of an .npz file (the bundled digits, or data=npz)."""
+    fix = "reinstall the package or use another data.source" if path == BUNDLED else \
+        f"save the arrays {', '.join(names)} with numpy.savez"
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [name for name in names if name not in f.files]
+            if missing:
+                raise ConfigError(f"data file {path} has no array {missing[0]} (it has {', '.join(f.files) or 'none'}): "
+                                  f"{fix}")
+            return tuple(f[name] for name in names)
     except FileNotFoundError:
-        raise ConfigError(f"data file {path} is missing: reinstall the package or use another data.source") from None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
-        raise ConfigError(f"data file {path} is corrupt ({exc}): replace it or use another data.source") from None
+        raise ConfigError(f"data file {path} is missing: " + (fix if path == BUNDLED else
+                          "point data.path at your .npz file")) from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise ConfigError(f"data file {path} is corrupt or not an .npz file ({exc}): {fix}") from None
 
 
 def idx_file(path: Path, split: str, kind: str) -> Path:
@@ -118,11 +165,15 @@ def idx_file(path: Path, split: str, kind: str) -> Path:
     return hits[0]
 
 
-def check_idx_dir(path: Path) -> None:
-    """The four IDX files are there (else ConfigError): a run, or a cluster, finds out before it starts."""
-    for split in ("train", "t10k"):
-        for kind in ("images", "labels"):
-            idx_file(path, split, kind)
+def check_files(data) -> None:
+    """The data files are there and sound (else ConfigError): a run, or a cluster, finds out before it
+    starts. IDX files: the four are there; an .npz file: read and checked whole, as a task will."""
+    if data.source == "idx":
+        for split in ("train", "t10k"):
+            for kind in ("images", "labels"):
+                idx_file(Path(data.path), split, kind)
+    elif data.source == "npz":
+        load(data, seed=0)
 
 
 def _read_idx_dir(path: Path):
@@ -134,11 +185,12 @@ OTHER_DATA = "holds other data than the coordinator read"
 HASH_BUCKETS = 2 ** 62  # tf.strings.to_hash_bucket_fast: the file's 64-bit fingerprint, in range
 
 
-def read_train_files(data, expect=None):
-    """The training images and labels as TensorFlow ops that read the IDX files where they run, or None
-    for a source that is not files. A parameter-server worker reads its data itself this way: arrays
-    captured in its dataset function would be shipped to every worker through the coordinator (at
-    60,000 examples, about 5 s of start-up and 0.5 GB more memory per worker, measured).
+def read_train_files(data, like, expect=None):
+    """The training images and labels as TensorFlow ops that read the IDX files where they run, shaped
+    and typed `like` the coordinator's (images, labels), or None for a source that is not files. A
+    parameter-server worker reads its data itself this way: arrays captured in its dataset function
+    would be shipped to every worker through the coordinator (at 60,000 examples, about 5 s of
+    start-up and 0.5 GB more memory per worker, measured).
 
     expect: train_file_hashes() of the coordinator's files; a worker whose files differ (another
     version of the data at the same path) fails rather than train on them."""
@@ -146,17 +198,18 @@ def read_train_files(data, expect=None):
         return None
     import tensorflow as tf
 
-    def read(path: Path, header: int, expected):  # the header is checked when the coordinator loads the files
+    def read(path: Path, array, expected):
         raw = _contents(path)
         if expected is not None:  # a fingerprint of the bytes: no copy of them, unlike a sum
             same = tf.equal(tf.strings.to_hash_bucket_fast(raw, HASH_BUCKETS), tf.constant(expected, tf.int64))
             with tf.control_dependencies([tf.debugging.Assert(same, [f"{path} {OTHER_DATA}"])]):
                 raw = tf.identity(raw)
-        return tf.io.decode_raw(raw, tf.uint8)[header:]
+        header, dtype = idx_header(path)  # checked when the coordinator loaded the file
+        values = tf.io.decode_raw(tf.strings.substr(raw, header, -1), tf.as_dtype(dtype), little_endian=False)
+        return tf.reshape(tf.cast(values, array.dtype), [-1, *array.shape[1:]])
 
     files = _train_files(data)
-    images, labels = (read(f, header, e) for f, header, e in zip(files, (16, 8), expect or (None, None)))
-    return tf.reshape(images, [-1, 28, 28]), labels
+    return tuple(read(f, array, e) for f, array, e in zip(files, like, expect or (None, None)))
 
 
 def train_file_hashes(data) -> tuple[int, int] | None:
@@ -201,14 +254,31 @@ class TemporaryIdx:
             write_idx(Path(self.path) / f"train-{kind}-idx{array.ndim}-ubyte", array)
 
 
+# The IDX element types distrain reads and writes: the MNIST files' uint8, and for other data
+# int32 labels and float32 images (big-endian, as the format says).
+IDX_TYPES = {0x08: np.dtype("u1"), 0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4")}
+
+
 def write_idx(path: Path, array, compress: bool = False) -> None:
-    """An MNIST-format IDX file of a uint8 array (gzipped: path + .gz)."""
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    raw = header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+    """An IDX file of a uint8, integer (as int32) or float (as float32) array (gzipped: path + .gz)."""
+    array = np.asarray(array)
+    code = 0x08 if array.dtype == np.uint8 else 0x0D if np.issubdtype(array.dtype, np.floating) else 0x0C
+    header = struct.pack(">HBB", 0, code, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw = header + np.ascontiguousarray(array, dtype=IDX_TYPES[code]).tobytes()
     if compress:
         path, raw = path.with_name(path.name + ".gz"), gzip.compress(raw)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(raw)
+
+
+def idx_header(path: Path) -> tuple[int, np.dtype]:
+    """The header's length in bytes and the element type of an IDX file (read from its first bytes)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        zero, code, ndim = struct.unpack(">HBB", f.read(4))
+    if zero != 0 or code not in IDX_TYPES:
+        raise ValueError("not an IDX file of unsigned bytes, int32 or float32")
+    return 4 + 4 * ndim, IDX_TYPES[code]
 
 
 def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
@@ -230,26 +300,61 @@ def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """One IDX file (optionally gzipped) as a uint8 array."""
+    """One IDX file (optionally gzipped) as an array of its type (uint8 for MNIST's)."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-        zero, dtype, ndim = struct.unpack(">HBB", raw[:4])
-        if zero != 0 or dtype != 0x08:
-            raise ValueError("not an unsigned-byte IDX file")
-        shape = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
-        return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+        header, dtype = idx_header(path)
+        shape = struct.unpack(f">{(header - 4) // 4}I", raw[4:header])
+        return np.frombuffer(raw, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="), copy=False)
     except (OSError, ValueError, struct.error, EOFError) as exc:
         raise ConfigError(f"IDX file {path} is corrupt ({exc}): replace it") from None
 
 
-def _check(images, labels, source):
-    if images.ndim != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels) or len(labels) == 0:
-        raise ConfigError(f"data from source {source} has images {images.shape} and labels {labels.shape}, "
-                          "expected (N, 28, 28) and (N,): check the data files")
-    if labels.min() < 0 or labels.max() > 9:
-        raise ConfigError(f"data from source {source} has labels outside 0-9: check the data files")
+def _checked(splits, data):
+    """The splits with a channel axis, float images as float32 and labels as int32; or a ConfigError
+    naming what is wrong with them."""
+    where = f"data from {data.path}" if data.source in ("npz", "idx") and data.get("path") else \
+        f"data from {label(data)}" if data.source == "loader" else f"data from source {data.source}"
+    out = []
+    for split, (images, labels) in zip(("train", "test"), splits):
+        images, labels = np.asarray(images), np.asarray(labels)
+        if images.ndim not in (3, 4) or len(images) == 0:
+            raise ConfigError(f"{where}: x_{split} has shape {images.shape}, not images (N, H, W) or (N, H, W, C): "
+                              "give one image per row")
+        if labels.ndim == 2 and labels.shape[1] > 1:
+            raise ConfigError(f"{where}: y_{split} has shape {labels.shape}, one-hot: give class indices (N,), "
+                              "e.g. y.argmax(axis=1)")
+        labels = labels.reshape(-1) if labels.ndim == 2 else labels
+        if labels.ndim != 1 or len(labels) != len(images):
+            raise ConfigError(f"{where}: x_{split} has {len(images)} images but y_{split} has shape {labels.shape}: "
+                              "give one label per image")
+        if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
+            raise ConfigError(f"{where}: x_{split} is {images.dtype}: give uint8 images (0-255, scaled to [0, 1]) "
+                              "or float images (taken as they are)")
+        if np.issubdtype(images.dtype, np.floating):
+            images = images.astype(np.float32, copy=False)
+            if not np.isfinite(images).all():
+                raise ConfigError(f"{where}: x_{split} holds NaN or infinite values: clean the images")
+        if not (np.issubdtype(labels.dtype, np.integer) or np.issubdtype(labels.dtype, np.floating)
+                and np.array_equal(labels, np.round(labels))):
+            raise ConfigError(f"{where}: y_{split} is not integer class labels ({labels.dtype}): give labels 0, "
+                              "1, ..., num_classes - 1")
+        if labels.min() < 0:
+            raise ConfigError(f"{where}: y_{split} has negative labels ({labels.min()}): give labels 0, 1, ..., "
+                              "num_classes - 1")
+        out.append((images[..., None] if images.ndim == 3 else images, labels.astype(np.int32)))
+    (x_train, y_train), (x_test, y_test) = out
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ConfigError(f"{where}: training images are {x_train.shape[1:]} but test images {x_test.shape[1:]}: "
+                          "give both splits the same image shape")
+    classes = num_classes(data, (y_train, y_test))
+    largest = max(int(y_train.max()), int(y_test.max()))
+    if largest >= classes:
+        raise ConfigError(f"{where} has label {largest}, but data.num_classes={classes}: set "
+                          f"data.num_classes={largest + 1} or more, or null to count them")
+    return (x_train, y_train), (x_test, y_test)
 
 
 def synthetic(train_examples: int, test_examples: int, seed: int):
@@ -268,7 +373,7 @@ def synthetic(train_examples: int, test_examples: int, seed: int):
 def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None,
                  part=None, drop_remainder=False, skip=0, n=None):
     """The pipeline every strategy uses: shuffle (fixed seed) and batch example indices, then gather
-    and normalise each batch from the in-memory uint8 arrays, prefetching ahead of the model.
+    and normalise each batch from the in-memory arrays (load() gives them), prefetching ahead of the model.
 
     Shuffling indices rather than images is cheap, and lets a worker build only its own part of
     each batch: part=(i, n) keeps slice i of n of every batch, in order, so n sync workers together
@@ -294,8 +399,13 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
         i, parts = part
         size = batch_size // parts
         ds = ds.map(lambda idx: idx[i * size:(i + 1) * size])
-    ds = ds.map(lambda idx: (tf.expand_dims(tf.cast(tf.gather(images, idx), tf.float32) / 255.0, -1),
-                             tf.gather(labels, idx)), num_parallel_calls=tf.data.AUTOTUNE)
+    pixels = images.dtype == tf.uint8  # scaled to [0, 1]; float images are taken as they are
+
+    def gather(idx):
+        x = tf.cast(tf.gather(images, idx), tf.float32)
+        return (x / 255.0 if pixels else x), tf.gather(labels, idx)
+
+    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = True
     # Evaluation data goes to strategies whole: split it by element, the same way on every worker.

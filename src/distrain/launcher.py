@@ -21,7 +21,7 @@ import portpicker
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import data, report
+from . import data, report, schema
 from .cluster import READY
 from .config import CLUSTER_STRATEGIES, ConfigError, checkpoint_dir, has_checkpoint, resumed, validate
 from .process import SCRATCH, die_with_parent
@@ -363,14 +363,14 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
-        if source == "idx" and on_this_machine:  # (a ps task elsewhere needs no data)
-            data.check_idx_dir(Path(cfg.data.path))
+        if on_this_machine:  # (a ps task elsewhere needs no data)
+            data.check_files(cfg.data)
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return _finish(Outcome(2, "failed", f"error: {exc}"), run_dir, job)
-    log.info("data: %s from source %s (%s)", cfg.data.name, source, why)
+    log.info("data: %s from source %s (%s)", schema.label(cfg.data), source, why)
     config_path = run_dir / "config.yaml"
     report.write_text(config_path, OmegaConf.to_yaml(cfg, resolve=True))  # whole, though every task writes it
     (logging.getLogger("distrain.config") if job else log).info(

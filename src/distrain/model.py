@@ -1,31 +1,117 @@
-"""The one MNIST model every strategy trains, and its optimizer."""
+"""The model every strategy trains: a builder named by the config's `_target_` (the built-in `cnn` and
+`mlp` below, or a user's own), or a saved Keras model (model.path); its loss, optimizer and checks."""
 import tensorflow as tf
 import tf_keras as keras
+from omegaconf import OmegaConf
+
+from .config import ConfigError, instantiate, reason
 
 
-def hits(labels, logits):
-    """1.0 where the highest logit is the label, else 0.0."""
-    return tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
+def cnn(input_shape, num_classes: int, dropout: float = 0.5, name: str = "cnn") -> keras.Model:
+    """The Keras "simple MNIST convnet" (34,826 parameters on MNIST), for any image shape of at least 5x5."""
+    if min(input_shape[:2]) < 5:
+        raise ValueError(f"model=cnn needs images of at least 5x5 pixels, not {tuple(input_shape)}: use model=mlp")
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = inputs
+    for filters in (32, 64):
+        x = keras.layers.Conv2D(filters, 3, activation="relu")(x)
+        if min(x.shape[1:3]) >= 2:  # small images (8x8) keep their last pixels
+            x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dropout(dropout)(x)
+    return _with_logits(inputs, keras.layers.Dense(num_classes)(x), name)
 
 
-def build_model(model) -> keras.Model:
-    """`model` is the config's model node; logits out, float32 even under mixed precision."""
-    inputs = keras.Input(shape=(28, 28, 1), name="image")
-    if model.name == "cnn":  # the Keras "simple MNIST convnet"
-        x = keras.layers.Conv2D(32, 3, activation="relu")(inputs)
-        x = keras.layers.MaxPooling2D(2)(x)
-        x = keras.layers.Conv2D(64, 3, activation="relu")(x)
-        x = keras.layers.MaxPooling2D(2)(x)
-        x = keras.layers.Flatten()(x)
-        x = keras.layers.Dropout(model.dropout)(x)
-    elif model.name == "mlp":  # the classic distributed-MNIST network
-        x = keras.layers.Flatten()(inputs)
-        x = keras.layers.Dense(model.hidden_units, activation="relu")(x)
+def mlp(input_shape, num_classes: int, hidden_units: int = 100, name: str = "mlp") -> keras.Model:
+    """The classic distributed-MNIST network: pixels -> hidden ReLU -> logits (79,510 parameters on MNIST)."""
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = keras.layers.Dense(hidden_units, activation="relu")(keras.layers.Flatten()(inputs))
+    return _with_logits(inputs, keras.layers.Dense(num_classes)(x), name)
+
+
+def _with_logits(inputs, x, name: str) -> keras.Model:
+    logits = keras.layers.Activation("linear", dtype="float32", name="logits")(x)  # float32 under mixed precision
+    return keras.Model(inputs, logits, name=name)
+
+
+# Keys of a model node that are distrain's, not the builder's.
+OWN_KEYS = ("path",)
+
+
+def build_model(node, input_shape, num_classes: int) -> keras.Model:
+    """The config's model node, built for images of `input_shape` (with a channel axis) and
+    `num_classes` classes: `hydra.utils.instantiate(node, input_shape=..., num_classes=...)`, or the
+    Keras model saved at node.path. Call it inside strategy.scope(). A builder that fails, or returns
+    something else than a Keras model, is a ConfigError."""
+    path = node.get("path")
+    if path:
+        what = f"model.path={path}"
+        try:
+            model = keras.models.load_model(path, compile=False)
+        except (ImportError, OSError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{what} could not be loaded ({reason(exc)}): point model.path at a .keras file or "
+                              "SavedModel directory (a run's saved_model)") from None
     else:
-        raise ValueError(f"unknown model {model.name!r}")
-    x = keras.layers.Dense(10)(x)
-    logits = keras.layers.Activation("linear", dtype="float32", name="logits")(x)
-    return keras.Model(inputs, logits, name=model.name)
+        what = f"model._target_={node._target_}"
+        model = instantiate("model._target_", OmegaConf.masked_copy(node, [k for k in node if k not in OWN_KEYS]),
+                            "it must name a function module.name importable from this directory or PYTHONPATH, "
+                            "taking input_shape, num_classes and the model node's other keys",
+                            input_shape=tuple(input_shape), num_classes=num_classes)
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"{what} returned {type(model).__name__}, not a tf_keras.Model: return an uncompiled "
+                          "tf_keras.Model (import tf_keras as keras; not keras 3)")
+    return model
+
+
+def check_model(model: keras.Model, images, num_classes: int) -> bool:
+    """One forward pass on a few examples: the model takes these images and gives num_classes outputs.
+    Returns whether its outputs are probabilities (a softmax output layer) rather than logits."""
+    sample = images[:2]
+    try:
+        outputs = model(tf.convert_to_tensor(sample), training=False)
+    except Exception as exc:  # noqa: BLE001 - any failure here is "does not take these images"
+        raise ConfigError(f"model {model.name} does not take images of shape {tuple(sample.shape[1:])} "
+                          f"({reason(exc)}): build it for input_shape, which distrain passes to the builder") \
+            from None
+    if not isinstance(outputs, tf.Tensor) or tuple(outputs.shape) != (len(sample), num_classes):
+        shape = tuple(outputs.shape) if isinstance(outputs, tf.Tensor) else type(outputs).__name__
+        raise ConfigError(f"model {model.name} outputs {shape} for a batch of {len(sample)}, not ({len(sample)}, "
+                          f"{num_classes}): its last layer must have num_classes={num_classes} units (set "
+                          "data.num_classes if the data's labels do not show every class)")
+    return _outputs_probabilities(model, tf.cast(outputs, tf.float32))
+
+
+def _outputs_probabilities(model: keras.Model, outputs) -> bool:
+    """Softmax in the last layer (common in Keras code) means probabilities, not logits. A sigmoid there
+    would train a multi-class model wrongly whichever loss we chose, so it is refused."""
+    if getattr(model, "_is_graph_network", False):  # functional or Sequential: the last layer is the output
+        last = model.layers[-1]
+        activation = getattr(getattr(last, "activation", None), "__name__", "")
+        if isinstance(last, keras.layers.Softmax) or activation == "softmax":
+            return True
+        if activation == "sigmoid":
+            raise ConfigError(f"model {model.name} ends with a sigmoid: give its last layer no activation (logits) "
+                              "or softmax, as a classifier of integer labels needs")
+        if activation:
+            return False  # logits, the norm
+    # A subclassed model's last layer need not be its last operation (nor need a last layer without an
+    # activation): probabilities are non-negative rows summing to 1.
+    rows = tf.reduce_sum(outputs, axis=-1)
+    return bool(tf.reduce_all(outputs >= 0) and tf.reduce_all(tf.abs(rows - 1.0) < 1e-3))
+
+
+@keras.saving.register_keras_serializable(package="distrain")
+class Crossentropy(keras.losses.SparseCategoricalCrossentropy):
+    """Sparse categorical cross-entropy of float32 outputs (a model's bfloat16 or float16 output is cast
+    first, as mixed precision wants), from logits or from probabilities."""
+
+    def call(self, y_true, y_pred):
+        return super().call(y_true, tf.cast(y_pred, tf.float32))
+
+
+def hits(labels, outputs):
+    """1.0 where the highest output (logit or probability) is the label, else 0.0."""
+    return tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=labels.dtype), labels), tf.float32)
 
 
 def make_optimizer(name: str, learning_rate: float, policy: str = "float32"):
@@ -36,10 +122,10 @@ def make_optimizer(name: str, learning_rate: float, policy: str = "float32"):
     return optimizer
 
 
-def compile_model(model: keras.Model, optimizer, trainer) -> None:
+def compile_model(model: keras.Model, optimizer, trainer, probabilities: bool = False) -> None:
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=Crossentropy(from_logits=not probabilities),
         metrics=["accuracy"],
         steps_per_execution=trainer.steps_per_execution,
         jit_compile=False,  # evaluation only: XLA cannot compile its metric all-reduces on CPUs

@@ -36,6 +36,8 @@ FINITE_POSITIVE = Check(lambda v: math.isfinite(v) and v > 0, "must be a finite 
 SECONDS = Check(lambda v: math.isfinite(v) and v > 0, "must be a positive number of seconds")
 FRACTION = Check(lambda v: 0 <= v < 1, "must be at least 0 and below 1")
 SEED = Check(lambda v: 0 <= v < 2**32, "must be an integer from 0 to 2**32-1")
+TARGET = Check(lambda v: "." in v and all(part.isidentifier() for part in v.split(".")),
+               "must be module.function, importable from this directory or PYTHONPATH")
 
 
 def at_most(high: int, why: str) -> Check:
@@ -65,6 +67,7 @@ class DataSource(StrEnum):  # str() and f-strings give the name
     bundled = "bundled"
     keras = "keras"
     idx = "idx"
+    npz = "npz"
     synthetic = "synthetic"
 
 
@@ -104,31 +107,57 @@ class Trainer:
 
 # ---- model ------------------------------------------------------------------------------------------
 
+MODEL_PATH_DOC = ("a saved Keras model (.keras file or SavedModel directory, e.g. a run's saved_model) to go on "
+                  "training instead of building one")
+
+
 @dataclass
 class Cnn:
+    _target_: str = key("distrain.model.cnn", "the builder: called with input_shape, num_classes and the keys below")
     name: str = key("cnn", "the Keras simple MNIST convnet")
     dropout: float = key(0.5, "dropout rate before the last layer", FRACTION)
+    path: Optional[str] = key(None, MODEL_PATH_DOC, example="outputs/DATE/TIME/saved_model")
 
 
 @dataclass
 class Mlp:
-    name: str = key("mlp", "the classic distributed-MNIST network: 784 -> hidden ReLU -> 10 logits")
+    _target_: str = key("distrain.model.mlp", "the builder: called with input_shape, num_classes and the keys below")
+    name: str = key("mlp", "the classic distributed-MNIST network: pixels -> hidden ReLU -> logits")
     hidden_units: int = key(100, "units of the hidden layer", Check(lambda v: 0 < v <= 65536,
                                                                     "must be from 1 to 65536"))
+    path: Optional[str] = key(None, MODEL_PATH_DOC, example="outputs/DATE/TIME/saved_model")
+
+
+@dataclass
+class Builder:
+    """A model option of the user's own: `_target_` names a builder; its other keys are the builder's
+    arguments, but for these."""
+    _target_: Optional[str] = key(None, "the builder, module.function: called inside the strategy's scope with "
+                                  "input_shape, num_classes and the node's other keys; returns a tf_keras.Model",
+                                  TARGET, example="mymodels.small_cnn")
+    path: Optional[str] = key(None, MODEL_PATH_DOC, example="outputs/DATE/TIME/saved_model")
 
 
 # ---- data -------------------------------------------------------------------------------------------
 
+NUM_CLASSES = key(None, "classes (null: one more than the largest label)", POSITIVE, example=10)
+SHUFFLE_BUFFER = key(10000, "examples in the shuffle buffer", POSITIVE)
+
+
 @dataclass
 class Data:
+    _target_: Optional[str] = key(None, "a loader of your own instead (module.function, see data=npz too): called "
+                                  "with the node's other keys, returns ((x_train, y_train), (x_test, y_test))",
+                                  TARGET, example="mydata.load")
     name: str = key("mnist", "the dataset")
     source: DataSource = key(DataSource.auto, "auto: Keras cache, else a short download try, else bundled; "
                              "bundled: 10,000 digits shipped in the package; keras: full 60k/10k; idx: "
-                             "IDX files in data.path; synthetic: generated")
-    path: Optional[str] = key(None, "directory of IDX files (data.source=idx)")
+                             "IDX files in data.path; npz: an .npz file in data.path; synthetic: generated")
+    path: Optional[str] = key(None, "directory of IDX files (data.source=idx), or the .npz file (data.source=npz)")
     download_timeout: float = key(5.0, "seconds for the download try of source=auto (0: never try)",
                                   Check(lambda v: 0 <= v <= 3600, "must be from 0 to 3600 seconds"))
-    shuffle_buffer: int = key(10000, "examples in the shuffle buffer", POSITIVE)
+    shuffle_buffer: int = SHUFFLE_BUFFER
+    num_classes: Optional[int] = NUM_CLASSES
 
 
 @dataclass
@@ -137,6 +166,26 @@ class Synthetic(Data):
     source: DataSource = key(DataSource.synthetic, "synthetic")
     train_examples: int = key(4096, "training examples", POSITIVE)
     test_examples: int = key(1024, "test examples", POSITIVE)
+
+
+@dataclass
+class Npz(Data):
+    name: str = key("npz", "your own images in an .npz file: arrays x_train, y_train, x_test, y_test, as in "
+                    "Keras's mnist.npz")
+    source: DataSource = key(DataSource.npz, "npz")
+    path: Optional[str] = key(None, "the .npz file", example="mydata.npz")
+
+
+@dataclass
+class Loader:
+    """A data option of the user's own: `_target_` names a loader; its other keys are the loader's
+    arguments, but for these."""
+    _target_: Optional[str] = key(None, "the loader, module.function: called with the node's other keys; returns "
+                                  "((x_train, y_train), (x_test, y_test)) numpy arrays", TARGET,
+                                  example="mydata.load")
+    source: str = key("loader", "loader", one_of("loader"))
+    shuffle_buffer: int = SHUFFLE_BUFFER
+    num_classes: Optional[int] = NUM_CLASSES
 
 
 # ---- strategy ---------------------------------------------------------------------------------------
@@ -252,7 +301,7 @@ SCHEMAS = {
                  "central_storage": CentralStorage, "multi_worker_mirrored": MultiWorkerMirrored,
                  "parameter_server": ParameterServer},
     "model": {"cnn": Cnn, "mlp": Mlp},
-    "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic},
+    "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic, "npz": Npz},
     "trainer": {"default": Trainer},
     "cluster": {"local": Local, "tf_config": TfConfig, "manual": Manual, "slurm": Slurm},
 }
@@ -309,6 +358,11 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     full = ".".join(p for p in (group, exc.full_key) if p) if exc.full_key else group
     schema = exc.object_type if dataclasses.is_dataclass(exc.object_type) else None
     name = full.rsplit(".", 1)[-1]
+    parent_node = getattr(exc, "parent_node", None)
+    if schema is None and "not in struct" in str(exc) and isinstance(parent_node, DictConfig) and "." in full:
+        parent = full.rsplit(".", 1)[0]  # a key a user's own option (model=mine) does not have
+        return (f"{full} is not a key of {parent} (it has {', '.join(map(str, parent_node.keys()))}): drop it, or "
+                f"add it as +{full}=... if {parent}'s builder or loader takes it")
     if schema is None:
         return str(exc).splitlines()[0]
     fields = [f.name for f in dataclasses.fields(schema)]
@@ -326,19 +380,53 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     return f"{full}={_shown(exc.value)} must be {kind}: set e.g. {full}={example}"
 
 
+# Groups whose options may be the user's own: a node with a `_target_` that is no built-in option's.
+OWN = {"model": Builder, "data": Loader}
+
+
+def _defaults(schema) -> dict:
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(schema)}
+
+
 def _schema_of(group: str, node) -> type:
     name = node.get("name", "default") if isinstance(node, DictConfig) else None
     options = SCHEMAS[group]
+    if group in OWN and isinstance(node, DictConfig):
+        target = node.get("_target_")
+        builtin = {_defaults(schema).get("_target_"): schema for schema in options.values()}  # cnn, mlp
+        if target and target in builtin:
+            return builtin[target]
+        if target or "name" not in node:
+            return OWN[group]
     if name not in options:
         raise ConfigError(f"{group}.name={name!r} names no {group} option: choose the option itself, "
                           f"e.g. {group}={next(iter(options))}")
     return options[name]
 
 
+def own_node(group: str, node: DictConfig) -> tuple[dict, dict]:
+    """A user's model or data node: (the keys distrain reads, the builder's or loader's arguments).
+    `model._target_=...` on the command line replaces a built-in option's builder but leaves that
+    option's keys in the node: those still at their defaults are not the new builder's, so they go."""
+    replaced = SCHEMAS[group].get(node.get("name"))
+    defaults = _defaults(replaced) if replaced else {}
+    node = {k: v for k, v in node.items() if not (k in defaults and v == defaults[k])}
+    own = [f.name for f in dataclasses.fields(OWN[group])]
+    if group == "model" and not node.get("_target_") and not node.get("path"):
+        raise ConfigError("a model option needs _target_ (its builder) or path (a saved model): set e.g. "
+                          "model._target_=mymodels.small_cnn")
+    if group == "data" and not node.get("_target_"):
+        raise ConfigError("a data option of your own needs _target_ (its loader): set e.g. data._target_=mydata.load, "
+                          "or use data=npz data.path=FILE.npz")
+    return {k: v for k, v in node.items() if k in own}, {k: v for k, v in node.items() if k not in own}
+
+
 def check(cfg: DictConfig) -> DictConfig:
     """The config, resolved, with every value converted to its schema's type (enums as their names).
     Raises a one-line ConfigError for a key the schema does not have, a value of the wrong type (in a
-    config read from a file), or a value out of range."""
+    config read from a file), or a value out of range. A user's own model or data node keeps the keys
+    that are its builder's or loader's arguments as they are."""
     try:
         plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     except OmegaConfBaseException as exc:
@@ -351,9 +439,11 @@ def check(cfg: DictConfig) -> DictConfig:
                           else "drop it (`python train.py --help` lists every key)"))
     checked = {}
     for group in SCHEMAS:
-        schema = _schema_of(group, plain[group])
+        schema, node, arguments = _schema_of(group, plain[group]), plain[group], {}
+        if schema is OWN.get(group):
+            node, arguments = own_node(group, node)
         try:
-            node = OmegaConf.merge(OmegaConf.structured(schema), plain[group])
+            node = OmegaConf.merge(OmegaConf.structured(schema), node)
         except OmegaConfBaseException as exc:
             raise ConfigError(explain(exc, group)) from None
         for f in dataclasses.fields(schema):
@@ -361,12 +451,18 @@ def check(cfg: DictConfig) -> DictConfig:
             if rule and value is not None and not rule.ok(value):
                 raise ConfigError(f"{group}.{f.name}={_shown(value)} {rule.says}: "
                                   f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
-        checked[group] = OmegaConf.to_container(node, enum_to_str=True)
+        checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
     try:
         root = OmegaConf.merge(OmegaConf.structured(Root), {"optimizer": plain.optimizer})
     except OmegaConfBaseException as exc:
         raise ConfigError(explain(exc)) from None
     return OmegaConf.create({**checked, "optimizer": root.optimizer.value})
+
+
+def label(node) -> str:
+    """How results and summaries name a model or dataset: its name, else its builder's or loader's
+    _target_, else (a saved model) its path."""
+    return node.get("name") or node.get("_target_") or str(node.get("path"))
 
 
 def describe(cfg: DictConfig) -> str:
@@ -380,10 +476,12 @@ def describe(cfg: DictConfig) -> str:
         node = cfg.get(group)
         try:
             schema = _schema_of(group, node)
+            arguments = own_node(group, node)[1] if schema is OWN.get(group) else {}
         except ConfigError:
             continue
         lines.append(f"{group}:")
         lines += [line(schema, f.name, OmegaConf.select(node, f.name), "  ") for f in dataclasses.fields(schema)]
+        lines += [f"  {k}: {_shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
     lines.append(line(Root, "optimizer", cfg.get("optimizer"), ""))
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ from hydra.experimental.callback import Callback
 from . import report
 
 MEASURES = [  # summary column <- results.json key
-    ("strategy", "strategy"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
+    ("strategy", "strategy"), ("model", "model"), ("params", "model_params"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
     ("global_batch", "global_batch_size"), ("per_replica_batch", "per_replica_batch_size"),
     ("examples_per_sec", "examples_per_sec"), ("steps_per_sec", "steps_per_sec"),
     ("speedup", None), ("efficiency", None),

@@ -11,9 +11,10 @@ import tf_keras as keras
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
 from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
-from .model import build_model, compile_model, hits, make_optimizer
+from .model import Crossentropy, build_model, check_model, compile_model, hits, make_optimizer
 from .process import Heartbeat, Preempted, Preemption, scratch
 from .report import seconds_since_start
+from .schema import label
 from .strategy import (cluster_size, cluster_spec, configure_devices, gpu_capabilities, is_chief, make_strategy,
                        precision_policy, replica_devices)
 
@@ -58,16 +59,18 @@ def train(cfg, run_dir: Path, strategy=None):
     workers, ps = cluster_size(strategy)
 
     (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+    shape, classes = x_train.shape[1:], data_lib.num_classes(cfg.data, (y_train, y_test))
     steps = len(y_train) // t.batch_size
     if steps == 0:
         raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
                           f"examples: set trainer.batch_size={len(y_train)} or less")
 
     with strategy.scope():
-        model = build_model(cfg.model)
+        model = build_model(cfg.model, shape, classes)
+        probabilities = check_model(model, x_train, classes)
         optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
         optimizer.build(model.trainable_variables)
-    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile)
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, probabilities)
     chief = is_chief(strategy)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
@@ -102,14 +105,15 @@ def train(cfg, run_dir: Path, strategy=None):
 
     global_steps = int(optimizer.iterations.numpy())
     if asynchronous:  # evaluate and save a copy of the trained weights, here on the coordinator
-        trained, model = model, build_model(cfg.model)
+        trained, model = model, build_model(cfg.model, shape, classes)
+        check_model(model, x_train, classes)  # (builds a subclassed model's variables)
         model.set_weights(trained.get_weights())
         optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
-    compile_model(model, optimizer, t)  # for evaluate(), and so that the SavedModel can train on
+    compile_model(model, optimizer, t, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test_loss, test_accuracy = model.evaluate(data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed),
                                               verbose=0)
     if t.save_model:
-        model.save(str(out_dir / "saved_model"))
+        save_model(model, out_dir / "saved_model")
     if not chief:
         shutil.rmtree(out_dir, ignore_errors=True)
 
@@ -119,8 +123,11 @@ def train(cfg, run_dir: Path, strategy=None):
         "num_workers": workers,
         "num_ps": ps,
         "devices": replica_devices(strategy),
-        "model": cfg.model.name,
+        "model": label(cfg.model),
         "model_params": model.count_params(),
+        "input_shape": list(shape),
+        "num_classes": classes,
+        "model_outputs": "probabilities" if probabilities else "logits",
         "optimizer": cfg.optimizer,
         "learning_rate": t.learning_rate,
         "epochs": t.epochs,
@@ -129,7 +136,7 @@ def train(cfg, run_dir: Path, strategy=None):
         "steps_per_execution": per_call,
         "precision_policy": policy,
         "jit_compile": t.jit_compile,
-        "data": cfg.data.name,
+        "data": label(cfg.data),
         "data_source": cfg.data.source,
         "train_examples": len(y_train),
         "test_examples": len(y_test),
@@ -151,6 +158,17 @@ def train(cfg, run_dir: Path, strategy=None):
     if asynchronous:
         results["worker_steps"] = {str(i): n for i, n in enumerate(runner.worker_steps)}
     return results, model
+
+
+def save_model(model, path: Path) -> None:
+    """The trained model as a SavedModel. One that cannot be saved so (some subclassed models) is a
+    warning: the run's training is done, and its checkpoints hold the weights."""
+    try:
+        model.save(str(path))
+    except Exception as exc:  # noqa: BLE001 - whatever Keras cannot serialise
+        print(f"warning: the model could not be saved as a SavedModel in {path} ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); its checkpoints hold the trained weights",
+              flush=True)
 
 
 def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, writer) -> None:
@@ -196,11 +214,12 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
                     tf.summary.scalar(f"epoch_{name}", values[-1])
 
 
-def make_train_steps(strategy, model, optimizer, jit_compile: bool):
+def make_train_steps(strategy, model, optimizer, jit_compile: bool, probabilities: bool = False):
     """A tf.function that runs `steps` training steps on this worker's replicas and returns this
     worker's [sum of losses, correct predictions, examples]. The sums stay local: Keras metrics would
-    be synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks."""
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    be synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks.
+    probabilities: the model ends with a softmax, so its loss is taken from probabilities, not logits."""
+    loss_fn = Crossentropy(from_logits=not probabilities, reduction="none")
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
 
     @tf.function(jit_compile=jit_compile)
@@ -391,7 +410,7 @@ def worker_dataset_fn(images, labels, cfg, workers: int, source=None, expect=Non
 
     def dataset_fn(context):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        on_worker = data_lib.read_train_files(source or cfg.data, expect)  # these ops run on the worker
+        on_worker = data_lib.read_train_files(source or cfg.data, (images, labels), expect)  # ops run on the worker
         return data_lib.make_dataset(*(on_worker or (images, labels)), context.get_per_replica_batch_size(t.batch_size),
                                      seed=t.seed, shuffle_buffer=cfg.data.shuffle_buffer, repeat=True,
                                      shard=(workers, worker), n=len(labels))
@@ -413,10 +432,11 @@ def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
     """The evaluator task: evaluate each checkpoint the chief writes, until the last epoch's."""
     t = cfg.trainer
     set_precision(t)
-    (_, _), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
     test_ds = data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed)
-    model = build_model(cfg.model)
-    compile_model(model, make_optimizer(cfg.optimizer, t.learning_rate), t)
+    classes = data_lib.num_classes(cfg.data, (y_train, y_test))
+    model = build_model(cfg.model, x_train.shape[1:], classes)
+    compile_model(model, make_optimizer(cfg.optimizer, t.learning_rate), t, check_model(model, x_train, classes))
     directory = checkpoint_dir(cfg, run_dir)
     print(f"evaluator: waiting for checkpoints in {directory}", flush=True)
     evaluations = []

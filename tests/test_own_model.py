@@ -1,0 +1,355 @@
+"""A user's own Keras model (`model._target_`) and data (`data=npz`, `data._target_`), kept in a directory
+of the user's, outside the package: every strategy trains them as it trains the built-in ones."""
+import csv
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from conftest import ROOT, assert_nothing_left, make_cfg, run_cli, start
+from distrain import data
+from distrain.config import ConfigError, validate
+from distrain.model import build_model, check_model
+from distrain.training import train
+
+MODELS = '''
+import tensorflow as tf
+import tf_keras as keras
+
+
+def tiny(input_shape, num_classes, width=16):
+    """No dropout, no batch normalisation: synchronous training is exact."""
+    return keras.Sequential([keras.Input(shape=input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(width, activation="relu"), keras.layers.Dense(num_classes)],
+                            name="tiny")
+
+
+def softmax_cnn(input_shape, num_classes, width=8):
+    return keras.Sequential([keras.Input(shape=input_shape), keras.layers.Conv2D(width, 3, activation="relu"),
+                             keras.layers.Flatten(), keras.layers.Dense(num_classes, activation="softmax")])
+
+
+class Subclassed(keras.Model):
+    def __init__(self, num_classes, width):
+        super().__init__()
+        self.flat, self.hidden = keras.layers.Flatten(), keras.layers.Dense(width, activation="relu")
+        self.out = keras.layers.Dense(num_classes)
+
+    def call(self, x, training=False):
+        return tf.nn.softmax(self.out(self.hidden(self.flat(x))))
+
+
+def subclassed(input_shape, num_classes, width=16):
+    return Subclassed(num_classes, width)
+
+
+def raises(input_shape, num_classes):
+    raise ValueError("this builder wants a GPU")
+
+
+def not_a_model(input_shape, num_classes):
+    return 42
+
+
+def three_classes(input_shape, num_classes):
+    return tiny(input_shape, 3)
+
+
+def fixed_input(input_shape, num_classes):
+    return tiny((32, 32, 3), num_classes)
+
+
+def sigmoid(input_shape, num_classes):
+    return keras.Sequential([keras.Input(shape=input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(num_classes, activation="sigmoid")])
+'''
+
+LOADERS = '''
+import numpy as np
+
+
+def blobs(train=384, test=96, size=12, classes=4, seed=0):
+    """Float images in [0, 1]: class c lights square c of the image, the rest is noise."""
+    rng = np.random.default_rng(seed)
+
+    def draw(n):
+        y = rng.integers(0, classes, n)
+        x = rng.random((n, size, size)).astype(np.float32) * 0.5
+        for c in range(classes):
+            x[y == c, c * 2:c * 2 + 3, c * 2:c * 2 + 3] = 1.0
+        return x, y
+    return draw(train), draw(test)
+
+
+def broken():
+    raise RuntimeError("the bucket is gone")
+
+
+def flat():
+    return np.zeros((10, 8, 8)), np.zeros(10)
+'''
+
+
+def colour_npz(path, train=640, test=160, classes=5, seed=0, **replace):
+    """16x16 RGB uint8 images of `classes` classes: class c paints a stripe of colour c % 3 at rows 3c."""
+    rng = np.random.default_rng(seed)
+
+    def draw(n):
+        y = rng.integers(0, classes, n)
+        x = rng.integers(0, 60, (n, 16, 16, 3)).astype(np.uint8)
+        for c in range(classes):
+            x[y == c, 3 * c:3 * c + 3, :, c % 3] = 250
+        return x, y
+    (x_train, y_train), (x_test, y_test) = draw(train), draw(test)
+    arrays = {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test, **replace}
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A user's project: usermodels.py, userdata.py, their own config dir, and an npz of 16x16x3 images."""
+    (tmp_path / "usermodels.py").write_text(MODELS)
+    (tmp_path / "userdata.py").write_text(LOADERS)
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "mine.yaml").write_text("_target_: usermodels.tiny\nwidth: 16\n")
+    (tmp_path / "conf" / "data" / "blobs.yaml").write_text("_target_: userdata.blobs\nsize: 12\n")
+    colour_npz(tmp_path / "colours.npz")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def config(*overrides):
+    """The checked config, as a run's task reads it: quick, silent, nothing saved."""
+    return validate(make_cfg("trainer.epochs=2", "trainer.batch_size=32", "trainer.verbose=0",
+                             "trainer.save_model=false", *overrides))
+
+
+NPZ = ["data=npz", "data.path=colours.npz"]
+
+
+# ---- in-process: the builder contract, data of other shapes and classes ----------------------------------
+
+@pytest.mark.slow
+def test_an_npz_of_colour_images_and_five_classes_trains(user_dir):
+    results, _ = train(config(*NPZ, "model=cnn"), user_dir / "run")
+    assert results["input_shape"] == [16, 16, 3] and results["num_classes"] == 5
+    assert results["data"] == "npz" and results["model"] == "cnn" and results["model_outputs"] == "logits"
+    assert results["test_accuracy"] > 0.6  # chance is 0.2
+
+
+@pytest.mark.slow
+def test_a_loader_gives_the_data_with_its_own_arguments(user_dir):
+    results, _ = train(config("data._target_=userdata.blobs", "+data.size=10", "+data.classes=3", "model=mlp"),
+                       user_dir / "run")
+    assert results["input_shape"] == [10, 10, 1] and results["num_classes"] == 3
+    assert results["data"] == "userdata.blobs" and results["train_examples"] == 384
+    assert results["test_accuracy"] > 0.6  # chance is 1/3
+
+
+@pytest.mark.slow
+def test_a_user_model_is_the_same_training_under_default_and_mirrored(user_dir):
+    """Sync equivalence holds for a user's model: 2 replicas of half the batch == one device (1e-5)."""
+    common = [*NPZ, "model._target_=usermodels.tiny", "+model.width=8", "optimizer=sgd",
+              "trainer.learning_rate=0.1", "trainer.mixed_precision=false", "strategy.cpu_virtual_devices=2"]
+    results, single = train(config("strategy=default", *common), user_dir / "a")
+    _, mirrored = train(config("strategy=mirrored", *common), user_dir / "b")
+    assert results["model"] == "usermodels.tiny"  # the replaced cnn's own keys (dropout, name) are gone
+    assert results["model_params"] == 16 * 16 * 3 * 8 + 8 + 8 * 5 + 5
+    for a, b in zip(single.get_weights(), mirrored.get_weights()):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+    # Control: the comparison can fail; another seed ends elsewhere.
+    _, other = train(config("strategy=default", *common, "trainer.seed=7"), user_dir / "c")
+    assert max(np.abs(a - b).max() for a, b in zip(single.get_weights(), other.get_weights())) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("builder", ["softmax_cnn", "subclassed"])
+def test_a_softmax_output_is_trained_and_reported_as_probabilities(user_dir, builder):
+    """A model ending in softmax (a Keras layer's, or inside a subclassed model's call) is trained with the
+    loss of probabilities: its reported test loss is plain Keras's evaluate() with from_logits=False."""
+    results, model = train(config(*NPZ, f"model._target_=usermodels.{builder}"), user_dir / "run")
+    assert results["model_outputs"] == "probabilities"
+    assert results["history"]["loss"][1] < results["history"]["loss"][0] and results["test_accuracy"] > 0.6
+    (_, _), (x_test, y_test) = data.load(config(*NPZ).data, 42)
+    plain = keras.models.clone_model(model) if builder == "softmax_cnn" else model
+    plain.set_weights(model.get_weights())
+    plain.compile(loss=keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"])
+    loss, accuracy = plain.evaluate(x_test / 255.0, y_test, batch_size=32, verbose=0)
+    assert results["test_loss"] == pytest.approx(loss, rel=1e-5)
+    assert results["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    # Control: taken as logits (where Keras cannot see the softmax op), the same outputs give another loss.
+    probabilities = plain.predict(x_test / 255.0, verbose=0)
+    as_logits = tf.nn.sparse_softmax_cross_entropy_with_logits(y_test, probabilities)
+    assert abs(float(tf.reduce_mean(as_logits)) - loss) > 0.1
+
+
+@pytest.mark.slow
+def test_mixed_precision_needs_no_change_in_a_user_model(user_dir):
+    try:
+        results, model = train(config(*NPZ, "model._target_=usermodels.softmax_cnn", "trainer.mixed_precision=true"),
+                               user_dir / "run")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.output.dtype == "bfloat16"  # the user's last layer, as they wrote it
+    assert np.isfinite(results["test_loss"]) and results["test_accuracy"] > 0.6
+
+
+@pytest.mark.slow
+def test_a_saved_model_goes_on_training(user_dir):
+    first, _ = train(config(*NPZ, "model._target_=usermodels.tiny", "trainer.save_model=true"), user_dir / "one")
+    results, model = train(config(*NPZ, f"model.path={user_dir / 'one' / 'saved_model'}"), user_dir / "two")
+    assert results["model_params"] == first["model_params"]
+    assert results["history"]["loss"][0] < first["history"]["loss"][0]  # it starts where the first ended
+
+
+@pytest.mark.parametrize("builder, says", [
+    ("usermodels.nothing", "model._target_=usermodels.nothing failed (module usermodels ("),
+    ("usermodels.raises", "model._target_=usermodels.raises failed (ValueError: this builder wants a GPU)"),
+    ("usermodels.not_a_model", "returned int, not a tf_keras.Model"),
+    ("usermodels.three_classes", r"outputs (2, 3) for a batch of 2, not (2, 5): its last layer must have "
+                                 "num_classes=5 units"),
+    ("usermodels.fixed_input", "does not take images of shape (16, 16, 3)"),
+    ("usermodels.sigmoid", "ends with a sigmoid: give its last layer no activation (logits) or softmax"),
+])
+def test_a_builder_that_does_not_fit_is_one_line(user_dir, builder, says):
+    cfg = config(*NPZ, f"model._target_={builder}")
+    with pytest.raises(ConfigError) as error:
+        model = build_model(cfg.model, (16, 16, 3), 5)
+        check_model(model, np.zeros((4, 16, 16, 3), np.float32), 5)
+    assert says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_builder_argument_it_does_not_take_is_named(user_dir):
+    with pytest.raises(ConfigError, match=r"TypeError: tiny\(\) got an unexpected keyword argument 'widht'"):
+        build_model(config("model._target_=usermodels.tiny", "+model.widht=3").model, (16, 16, 3), 5)
+
+
+@pytest.mark.parametrize("replace, says", [
+    ({"y_test": None}, "has no array y_test (it has x_train, y_train, x_test): save the arrays"),
+    ({"y_train": np.zeros(5, np.int64)}, "x_train has 640 images but y_train has shape (5,): give one label per"),
+    ({"y_train": np.full(640, 0.5)}, "y_train is not integer class labels (float64)"),
+    ({"y_train": -np.ones(640, np.int64)}, "y_train has negative labels (-1)"),
+    ({"y_train": np.eye(5)[np.zeros(640, int)]}, "y_train has shape (640, 5), one-hot: give class indices"),
+    ({"x_test": np.full((160, 16, 16, 3), np.nan, np.float32)}, "x_test holds NaN or infinite values"),
+    ({"x_test": np.zeros((160, 8, 8, 3), np.uint8)}, "training images are (16, 16, 3) but test images (8, 8, 3)"),
+    ({"x_train": np.zeros((640, 16, 16, 3), np.int64)}, "x_train is int64: give uint8 images"),
+    ({"x_train": np.zeros((640, 16), np.uint8)}, "x_train has shape (640, 16), not images (N, H, W)"),
+])
+def test_bad_npz_data_is_one_line(tmp_path, replace, says):
+    path = colour_npz(tmp_path / "bad.npz", **replace)
+    with pytest.raises(ConfigError) as error:
+        data.load(validate(make_cfg("data=npz", f"data.path={path}")).data, 0)
+    assert says in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_labels_beyond_num_classes_and_files_that_are_no_npz(tmp_path):
+    path = colour_npz(tmp_path / "five.npz")
+    with pytest.raises(ConfigError, match=r"has label 4, but data.num_classes=3: set data.num_classes=5 or more"):
+        data.load(validate(make_cfg("data=npz", f"data.path={path}", "data.num_classes=3")).data, 0)
+    (tmp_path / "text.npz").write_text("not an archive")
+    with pytest.raises(ConfigError, match=r"text.npz is corrupt or not an .npz file .*: save the arrays"):
+        data.load(validate(make_cfg("data=npz", f"data.path={tmp_path / 'text.npz'}")).data, 0)
+    # Control: a num_classes above the labels is fine (a class the data happens not to show).
+    (x, y), _ = data.load(validate(make_cfg("data=npz", f"data.path={path}", "data.num_classes=7")).data, 0)
+    assert x.shape[1:] == (16, 16, 3) and data.num_classes(make_cfg("data.num_classes=7").data, [y]) == 7
+
+
+@pytest.mark.parametrize("loader, says", [
+    ("userdata.broken", "data._target_=userdata.broken failed (RuntimeError: the bucket is gone)"),
+    ("userdata.flat", "data._target_=userdata.flat returned (array(10, 8, 8), array(10,)), not ((x_train, y_train)"),
+    ("userdata.nothing", "data._target_=userdata.nothing failed (module userdata ("),
+])
+def test_a_loader_that_fails_is_one_line(user_dir, loader, says):
+    with pytest.raises(ConfigError) as error:
+        data.load(config(f"data._target_={loader}").data, 0)
+    assert says in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+# ---- as a user runs it: their directory, their config dir, every cluster strategy ------------------------
+
+USER = ["--config-dir", "conf", "model=mine", "data=blobs", "trainer.batch_size=32", "trainer.verbose=2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [["strategy=multi_worker_mirrored", "cluster.workers=2"],
+                                      ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]],
+                         ids=["multi_worker_mirrored", "parameter_server"])
+def test_a_user_model_and_loader_train_on_a_local_cluster(user_dir, strategy):
+    """Every task process imports the user's modules from the directory the command runs in."""
+    out = run_cli(user_dir / "run", *USER, *strategy, "trainer.epochs=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((user_dir / "run" / "results.json").read_text())
+    assert (results["model"], results["data"]) == ("usermodels.tiny", "userdata.blobs")
+    assert results["input_shape"] == [12, 12, 1] and results["num_classes"] == 4
+    assert results["test_accuracy"] > 0.5  # chance is 0.25
+    assert_nothing_left(user_dir)
+
+
+@pytest.mark.slow
+def test_a_sweep_over_a_builder_argument_has_its_column(user_dir):
+    out = run_cli(user_dir / "unused", "-m", *USER, "trainer.epochs=1", "model.width=4,32",
+                  "hydra.sweep.dir=sweep")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = list(csv.DictReader((user_dir / "sweep" / "summary.csv").open()))
+    assert [(r["model.width"], r["status"], r["model"]) for r in rows] == [("4", "ok", "usermodels.tiny"),
+                                                                         ("32", "ok", "usermodels.tiny")]
+    assert int(rows[1]["params"]) == 12 * 12 * 32 + 32 + 32 * 4 + 4 > int(rows[0]["params"])
+    assert_nothing_left(user_dir)
+
+
+@pytest.mark.slow
+def test_a_killed_run_of_a_user_model_resumes(user_dir):
+    args = [*USER, "trainer.epochs=4", "trainer.checkpoint_every_steps=3", "+data.train=1536"]
+    run_dir = user_dir / "run"
+    proc = start(run_dir, *args)
+    from test_resume import _kill_after_a_mid_epoch_checkpoint
+    _kill_after_a_mid_epoch_checkpoint(run_dir, proc, steps_per_epoch=1536 // 32)
+    assert_nothing_left(user_dir)
+    out = run_cli(run_dir, *args, "trainer.resume=true")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["resumed_from_step"] > 0 and results["global_steps"] == 4 * 1536 // 32
+    assert results["model"] == "usermodels.tiny" and len(results["history"]["loss"]) == 4
+    assert_nothing_left(user_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, says", [
+    (["model._target_=nosuchmodule.build"], "model._target_=nosuchmodule.build: there is no module nosuchmodule in"),
+    (["model._target_=not-a-path"], "model._target_=not-a-path must be module.function"),
+    (["data=npz"], "data=npz needs data.path: set data.path=mydata.npz"),
+    (["data=npz", "data.path=missing.npz"], "data file missing.npz is missing: point data.path at your .npz file"),
+    (["model.path=nowhere"], "model.path=nowhere does not exist"),
+    (["model._target_=usermodels.raises"], "failed (ValueError: this builder wants a GPU): it must name"),
+])
+def test_bad_user_input_is_one_line_before_training(user_dir, args, says):
+    """As a user meets it: one error line, exit 2, no traceback (the builder's own errors come from the
+    task, once TensorFlow is up; the others before any task starts)."""
+    out = run_cli(user_dir / "run", "--config-dir", "conf", "trainer.batch_size=32", *args)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and says in errors[0], out.stderr[-3000:]
+    assert "Traceback" not in out.stdout + out.stderr
+    started = (user_dir / "run" / "logs").exists()  # a task's log
+    assert started == ("usermodels.raises" in args[0])
+    assert_nothing_left(user_dir)
+
+
+@pytest.mark.slow
+def test_the_worked_example_trains_from_its_own_directory(monkeypatch, tmp_path):
+    """examples/digits8x8: its loader (scikit-learn's real 8x8 digits), its builder and its config dir."""
+    example = ROOT / "examples" / "digits8x8"
+    monkeypatch.chdir(example)
+    monkeypatch.syspath_prepend(str(example))
+    cfg = validate(make_cfg(f"hydra.searchpath=[file://{example / 'conf'}]", "model=small_cnn", "data=digits",
+                            "trainer.epochs=4", "trainer.verbose=0", "trainer.save_model=false"))
+    results, _ = train(cfg, tmp_path)
+    assert (results["model"], results["data"]) == ("models.small_cnn", "digits.load")
+    assert results["input_shape"] == [8, 8, 1] and results["num_classes"] == 10
+    assert results["train_examples"] + results["test_examples"] == 1797
+    assert results["test_accuracy"] > 0.9  # chance is 0.1
