@@ -3,13 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test clean
+.PHONY: train test test-fast clean
 
 train: $(VENV)/.installed
 	$(PY) train.py $(ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(ARGS)
+
+# The inner loop: config, schema, bad input that fails before TensorFlow, clusters' mapping, data,
+# summaries and plots; no training (tests marked slow).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -35,6 +35,7 @@ def test_cfg_job_prints_a_valid_config_and_runs_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path):
     """`python train.py` with no choices (download off so the test never needs the network)."""
     run_dir = tmp_path / "run"
@@ -56,6 +57,7 @@ def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path):
     assert (run_dir / "config.yaml").read_text().count("source: bundled") == 1
 
 
+@pytest.mark.slow
 def test_mirrored_on_virtual_cpus(tmp_path):
     out = run_cli(tmp_path / "run", "strategy=mirrored", "strategy.cpu_virtual_devices=2", *QUICK)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -63,6 +65,7 @@ def test_mirrored_on_virtual_cpus(tmp_path):
     assert results["num_replicas"] == 2 and results["per_replica_batch_size"] == 32
 
 
+@pytest.mark.slow
 def test_multirun_sweeps_replicas_each_in_a_fresh_process(tmp_path):
     sweep = tmp_path / "sweep"
     out = subprocess.run(
@@ -79,6 +82,7 @@ def _children_of(run_dir):
     return [int(p) for p in found.stdout.split()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_stops_the_training_process(tmp_path, sig, code):
     run_dir = tmp_path / "run"

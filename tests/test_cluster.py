@@ -151,6 +151,7 @@ def test_thread_caps_share_the_cores_and_never_starve_inter_op():
     assert cluster.thread_caps("ps", 4, cores=2) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
 
 
+@pytest.mark.slow
 def test_private_network_hides_servers_from_the_host():
     """A server inside listens on every interface, yet from here its port is closed."""
     with cluster.PrivateNetwork() as net:
@@ -189,6 +190,7 @@ def _free_ports(n):
     return [portpicker.pick_unused_port() for _ in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("role", ["mwms-worker", "ps-chief"])
 def test_a_task_whose_peers_never_come_fails_in_bounded_time_naming_them(tmp_path, role):
     """cluster=manual: a multi_worker_mirrored worker whose peer never starts, and a parameter-server

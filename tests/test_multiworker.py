@@ -22,6 +22,8 @@ from distrain.training import train
 from conftest import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
                       wait_until, write_idx)
 
+pytestmark = pytest.mark.slow  # every test starts a cluster of processes
+
 BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false"]
 
 
@@ -76,7 +78,8 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
 def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "trainer.epochs=16", "trainer.batch_size=32", "trainer.save_model=false", "trainer.verbose=2")
+                 "data.train_examples=2048", "trainer.epochs=16", "trainer.batch_size=32", "trainer.save_model=false",
+                 "trainer.verbose=2")
     chief_log, worker_log = run_dir / "logs" / "chief-0.log", run_dir / "logs" / "worker-1.log"
     epoch_lines = lambda: re.findall(r"Epoch \d+/16 - .*worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
     try:

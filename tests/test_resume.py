@@ -21,6 +21,8 @@ from distrain import training
 from distrain.config import ConfigError
 from distrain.training import train
 
+pytestmark = pytest.mark.slow  # every test trains, most in processes of their own
+
 SGD_MLP = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.checkpoint_every_steps=5"]
 
 
@@ -127,13 +129,13 @@ def uninterrupted(tmp_path_factory):
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, strategy, victim,
                                                                        restarted_by):
     devices = ["strategy.cpu_virtual_devices=2"] if strategy == "mirrored" else []
-    args = [f"strategy={strategy}", *devices, "cluster.workers=2", "data=synthetic", "data.train_examples=8192",
+    args = [f"strategy={strategy}", *devices, "cluster.workers=2", "data=synthetic", "data.train_examples=4096",
             "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=3", "trainer.verbose=2",
-            *SGD_MLP[:-1], "trainer.checkpoint_every_steps=20"]  # 128 steps an epoch, 384 in all
+            *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 64 steps an epoch, 192 in all
     whole_dir = uninterrupted(args)
     run_dir = tmp_path / "stopped"
     proc = start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
-    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 128, victim)
+    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 64, victim)
     if restarted_by == "user":
         assert proc.returncode != 0 and not (run_dir / "results.json").exists()
         out = run_cli(run_dir, "trainer.resume=true")
@@ -146,10 +148,10 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
         assert cluster["restarts"] == [{"task": "worker-1", "exit_status": -9,
                                         "restarted": "the cluster from its latest checkpoint"}]
     results = json.loads((run_dir / "results.json").read_text())
-    assert 0 < results["resumed_from_step"] < 384 and results["restarts"] == 1
+    assert 0 < results["resumed_from_step"] < 192 and results["restarts"] == 1
     assert f"resumed from global step {results['resumed_from_step']}" in out
-    assert max_difference(weights(whole_dir / "checkpoints" / "ckpt-384"),
-                          weights(run_dir / "checkpoints" / "ckpt-384")) <= 1e-6
+    assert max_difference(weights(whole_dir / "checkpoints" / "ckpt-192"),
+                          weights(run_dir / "checkpoints" / "ckpt-192")) <= 1e-6
     whole = json.loads((whole_dir / "results.json").read_text())
     assert len(results["history"]["loss"]) == 3
     np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], rtol=1e-5)
@@ -207,7 +209,7 @@ def test_an_incompatible_checkpoint_is_refused(tmp_path):
 def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2")
+                 "data.train_examples=2048", "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2")
     chief_log = run_dir / "logs" / "chief-0.log"
     try:
         wait_until(lambda: chief_log.exists() and "Epoch 2/6" in chief_log.read_text(), proc, "epoch 2")
@@ -217,7 +219,7 @@ def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_pa
     assert proc.returncode == 0, out[-3000:]
     assert "task ps-0 exited with status -9: restarting the cluster from its latest checkpoint" in out
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["restarts"] == 1 and results["resumed_from_step"] >= 128  # at least epoch 2's checkpoint
+    assert results["restarts"] == 1 and results["resumed_from_step"] >= 64  # at least epoch 1's (64 steps each)
     assert results["task_restarts"] == [{"task": "ps-0", "exit_status": -9,
                                          "restarted": "the cluster from its latest checkpoint"}]
     assert len(results["history"]["loss"]) == 6 and results["test_accuracy"] > 0.5

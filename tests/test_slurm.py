@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-local.sh"
 QUICK = ["data=synthetic", "data.train_examples=2048", "data.test_examples=256", "trainer.epochs=2",
          "trainer.batch_size=64", "trainer.verbose=2"]
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]  # every test starts a Slurm and runs on it
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,6 +12,8 @@ from distrain import training
 from distrain.training import train
 from conftest import small
 
+pytestmark = pytest.mark.slow  # every test trains (make test-fast leaves them out)
+
 REQUIRED = {"strategy", "num_replicas", "num_workers", "num_ps", "model", "model_params", "epochs",
             "global_batch_size", "data_source", "train_examples", "test_examples", "train_seconds",
             "examples_per_sec", "test_accuracy", "test_loss", "final_train_loss"}
@@ -73,11 +75,11 @@ def test_mixed_precision_xla_and_steps_per_execution(tmp_path):
     assert keras.mixed_precision.global_policy().name == "float32"  # reset by the next run
 
 
-@pytest.mark.parametrize("strategy, devices", [("one_device", "device=/cpu:0"), ("mirrored", "devices=[/cpu:0]"),
-                                              ("central_storage", "devices=[/cpu:0]")])
-def test_xla_compiles_the_step_on_one_cpu_device(tmp_path, strategy, devices):
-    """On GPUs every replica is compiled alike; on the CPU, XLA has one device (config.py refuses more)."""
-    results, _ = train(small(f"strategy={strategy}", f"strategy.{devices}", "trainer.jit_compile=true",
+@pytest.mark.parametrize("strategy", ["mirrored", "central_storage"])
+def test_xla_compiles_the_step_on_one_cpu_device(tmp_path, strategy):
+    """On GPUs every replica is compiled alike; on the CPU, XLA has one device (config.py refuses more).
+    (one_device runs the default strategy's step, compiled in test_mixed_precision_xla_...)"""
+    results, _ = train(small(f"strategy={strategy}", "strategy.devices=[/cpu:0]", "trainer.jit_compile=true",
                              "trainer.epochs=2"), tmp_path)
     assert results["jit_compile"] is True and results["test_accuracy"] > 0.5
 

@@ -197,7 +197,10 @@ def main() -> None:
               "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write", file=sys.stderr,
               flush=True)
         sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl-C outside a job (between the jobs of a sweep): no traceback
+    except KeyboardInterrupt:  # Ctrl-C outside a job (between the jobs of a sweep, or joblib's): no traceback
+        sweep = sys.modules.get("distrain.sweep")  # a sweep under way imported it
+        if sweep:
+            sweep.mark_interrupted(sweep.SweepSummary.sweep_dir, "interrupted by SIGINT")
         print("interrupted: every process of the run stopped (a sweep: `distrain summarize SWEEP_DIR` "
               "summarises the jobs so far)", file=sys.stderr, flush=True)
         sys.exit(130)

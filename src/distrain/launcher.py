@@ -350,6 +350,9 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
     if job:  # a job's start-up is timed from its own start (results.json: seconds_to_first_step)
         os.environ["DISTRAIN_STARTED"] = str(time.time())
+        # Before anything can interrupt it: a sweep's process that is killed before it records how its
+        # job ended (joblib's workers, on Ctrl-C) leaves this, which the sweep then marks interrupted.
+        report.write_status(run_dir, "running", None, job=job)
     try:
         cfg = validate(cfg)
         if cfg.trainer.resume:

@@ -29,6 +29,10 @@ FORMATS = {"examples_per_sec": "{:,.0f}", "steps_per_sec": "{:.1f}", "speedup": 
 
 class SweepSummary(Callback):
     """Hydra callback (conf/config.yaml): when a multirun ends, summarise it; exit non-zero if a job failed."""
+    sweep_dir = None  # of the multirun under way in this process: cli.main marks its jobs if interrupted
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        SweepSummary.sweep_dir = Path(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         summary = summarize(Path(config.hydra.sweep.dir))
@@ -75,6 +79,19 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
     return summary
 
 
+def mark_interrupted(sweep_dir: Path | None, why: str) -> None:
+    """After Ctrl-C: a job still "running" in its status.json (its process was killed before it could
+    say how it ended, as joblib kills its workers) was interrupted; so was its cluster."""
+    for path in sweep_dir.glob(f"*/{report.STATUS}") if sweep_dir else ():
+        status = report.read_json(path) or {}
+        if status.get("status") != "running":
+            continue
+        report.write_json(path, {**status, "status": "interrupted", "exit_status": 130, "error": why})
+        cluster = report.read_json(path.parent / "cluster.json")
+        if cluster and cluster.get("status") in ("running", "restarting"):
+            report.write_json(path.parent / "cluster.json", {**cluster, "status": "interrupted"})
+
+
 def collect(sweep_dir: Path) -> tuple[list, list]:
     """(rows, varying override keys): a row per job directory, in job order."""
     dirs = {p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml")}
@@ -99,10 +116,12 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
         num = int(job_dir.name) if job_dir.name.isdigit() else None
     status = report.read_json(job_dir / report.STATUS) or {}
     results = report.read_results(job_dir) or {}
+    state = status.get("status")
+    if state in (None, "running"):  # the job never finished (killed, or still running)
+        state = "ok" if results else "incomplete"
     row = {"job": num, "overrides": dict(_split(o) for o in overrides),
            "searched": list((hydra_cfg.get("sweeper") or {}).get("params") or {}),
-           # no status.json: the job never finished (killed, interrupted, or still running)
-           "status": status.get("status") or ("ok" if results else "incomplete"),
+           "status": state,
            "exit_status": status.get("exit_status", ""), "error": status.get("error", ""),
            "log_tail": status.get("log_tail", []), "run_dir": str(job_dir.relative_to(sweep_dir))}
     for name, key in MEASURES:
