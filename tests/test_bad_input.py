@@ -218,6 +218,16 @@ CASES = [
     ("idx-dir-empty", ["data.source=idx", "data.path={empty}"], "no train-images-idx"),
     ("idx-corrupt", ["data.source=idx", "data.path={corrupt}"], "is corrupt"),
     ("fashion-missing", ["data=fashion_mnist", "data.path=/nonexistent"], "data.path=/nonexistent is not a directory"),
+    ("npz-no-path", ["data=npz"], "data=npz needs data.path: set data.path=mydata.npz"),
+    ("npz-missing", ["data=npz", "data.path=/nonexistent.npz"], "data file /nonexistent.npz is missing"),
+    ("npz-not-npz", ["data=npz", "data.path={file}"], "is corrupt or not an .npz file"),
+    # ---- a user's own model and data (tests/test_own_model.py: the errors that need their code) ----
+    ("model-target-module", ["model._target_=nosuchmodule.build"], "there is no module nosuchmodule in this"),
+    ("model-target-syntax", ["model._target_=not-a-path"], "model._target_=not-a-path must be module.function"),
+    ("model-path-missing", ["model.path=/nonexistent/saved_model"], "model.path=/nonexistent/saved_model does not"),
+    ("data-target-module", ["data._target_=nosuchmodule.load"], "data._target_=nosuchmodule.load: there is no "
+                                                                 "module nosuchmodule"),
+    ("user-model-key", ["model._target_=tf_keras.Sequential", "model.width=3"], "model.width is not a key of model"),
     # ---- run and checkpoint directories ----
     ("run-dir-under-file", ["hydra.run.dir={file}/run"], "cannot be created"),
     ("checkpoint-dir-file", ["trainer.checkpoint_dir={file}"], "trainer.checkpoint_dir={file} is a file"),

@@ -231,7 +231,7 @@ def test_a_builder_argument_it_does_not_take_is_named(user_dir):
 
 
 @pytest.mark.parametrize("replace, says", [
-    ({"y_test": None}, "has no array y_test (it has x_train, y_train, x_test): save the arrays"),
+    ({"y_test": None}, "has no array y_test (it has x_train, y_train, x_test): point data.path at a file of"),
     ({"y_train": np.zeros(5, np.int64)}, "x_train has 640 images but y_train has shape (5,): give one label per"),
     ({"y_train": np.full(640, 0.5)}, "y_train is not integer class labels (float64)"),
     ({"y_train": -np.ones(640, np.int64)}, "y_train has negative labels (-1)"),
@@ -253,7 +253,7 @@ def test_labels_beyond_num_classes_and_files_that_are_no_npz(tmp_path):
     with pytest.raises(ConfigError, match=r"has label 4, but data.num_classes=3: set data.num_classes=5 or more"):
         data.load(validate(make_cfg("data=npz", f"data.path={path}", "data.num_classes=3")).data, 0)
     (tmp_path / "text.npz").write_text("not an archive")
-    with pytest.raises(ConfigError, match=r"text.npz is corrupt or not an .npz file .*: save the arrays"):
+    with pytest.raises(ConfigError, match=r"text.npz is corrupt or not an .npz file \(not a zip archive\): point"):
         data.load(validate(make_cfg("data=npz", f"data.path={tmp_path / 'text.npz'}")).data, 0)
     # Control: a num_classes above the labels is fine (a class the data happens not to show).
     (x, y), _ = data.load(validate(make_cfg("data=npz", f"data.path={path}", "data.num_classes=7")).data, 0)

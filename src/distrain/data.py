@@ -138,7 +138,12 @@ def num_classes(data, labels) -> int:
 def _read_npz(path: Path, *names):
     """The named arrays of an .npz file (the bundled digits, or data=npz)."""
     fix = "reinstall the package or use another data.source" if path == BUNDLED else \
-        f"save the arrays {', '.join(names)} with numpy.savez"
+        f"point data.path at a file of the arrays {', '.join(names)} saved with numpy.savez"
+    if not path.exists():
+        raise ConfigError(f"data file {path} is missing: " + (fix if path == BUNDLED else
+                          "point data.path at your .npz file"))
+    if path.is_file() and not zipfile.is_zipfile(path):  # else numpy tries to unpickle it, and says so
+        raise ConfigError(f"data file {path} is corrupt or not an .npz file (not a zip archive): {fix}")
     try:
         with np.load(path, allow_pickle=False) as f:
             missing = [name for name in names if name not in f.files]
@@ -146,9 +151,6 @@ def _read_npz(path: Path, *names):
                 raise ConfigError(f"data file {path} has no array {missing[0]} (it has {', '.join(f.files) or 'none'}): "
                                   f"{fix}")
             return tuple(f[name] for name in names)
-    except FileNotFoundError:
-        raise ConfigError(f"data file {path} is missing: " + (fix if path == BUNDLED else
-                          "point data.path at your .npz file")) from None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise ConfigError(f"data file {path} is corrupt or not an .npz file ({exc}): {fix}") from None
 
