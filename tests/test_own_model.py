@@ -2,7 +2,6 @@
 of the user's, outside the package: every strategy trains them as it trains the built-in ones."""
 import csv
 import json
-import textwrap
 
 import numpy as np
 import pytest
