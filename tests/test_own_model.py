@@ -319,23 +319,15 @@ def test_a_killed_run_of_a_user_model_resumes(user_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, says", [
-    (["model._target_=nosuchmodule.build"], "model._target_=nosuchmodule.build: there is no module nosuchmodule in"),
-    (["model._target_=not-a-path"], "model._target_=not-a-path must be module.function"),
-    (["data=npz"], "data=npz needs data.path: set data.path=mydata.npz"),
-    (["data=npz", "data.path=missing.npz"], "data file missing.npz is missing: point data.path at your .npz file"),
-    (["model.path=nowhere"], "model.path=nowhere does not exist"),
-    (["model._target_=usermodels.raises"], "failed (ValueError: this builder wants a GPU): it must name"),
-])
-def test_bad_user_input_is_one_line_before_training(user_dir, args, says):
-    """As a user meets it: one error line, exit 2, no traceback (the builder's own errors come from the
-    task, once TensorFlow is up; the others before any task starts)."""
+def test_a_builder_that_raises_is_one_line_from_its_task(user_dir):
+    """As a user meets it: one error line, exit 2, no traceback. (The mistakes found before any task
+    starts, a missing module or npz file among them, are in the bad-input catalogue.)"""
+    args, says = ["model._target_=usermodels.raises"], "failed (ValueError: this builder wants a GPU): it must name"
     out = run_cli(user_dir / "run", "--config-dir", "conf", "trainer.batch_size=32", *args)
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert out.returncode == 2 and len(errors) == 1 and says in errors[0], out.stderr[-3000:]
     assert "Traceback" not in out.stdout + out.stderr
-    started = (user_dir / "run" / "logs").exists()  # a task's log
-    assert started == ("usermodels.raises" in args[0])
+    assert (user_dir / "run" / "logs").exists()  # a task's log: the builder ran there
     assert_nothing_left(user_dir)
 
 
