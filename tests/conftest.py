@@ -9,6 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import distrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any TensorFlow import)
+from distrain import cli
 from distrain.data import write_idx  # noqa: F401  (for the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,24 @@ def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, env_extra=None, **kwargs)
     return subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=run_dir.parent,
                           **kwargs)
+
+
+def in_process(tmp_path, monkeypatch, capfd, args, env_extra=None):
+    """`python train.py ARGS` in this process: what main() prints, and its exit status. For bad input
+    that fails before any task starts, this checks what a process of its own would, in a tenth of the
+    time (no interpreter and imports to start)."""
+    monkeypatch.chdir(tmp_path)
+    # Hydra's logging set-up would replace this test's capture of the output (pytest's handlers): not here.
+    monkeypatch.setattr(sys, "argv", ["train.py", "hydra/job_logging=none", "hydra/hydra_logging=none", *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main() adds the working directory
+    # (main() sets HYDRA_FULL_ERROR and DISTRAIN_STARTED in os.environ: set here, they are undone after.)
+    for name, value in {"HYDRA_FULL_ERROR": "0", "DISTRAIN_STARTED": str(time.time()),
+                        "KERAS_HOME": str(tmp_path / "keras_home"), **(env_extra or {})}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    out = capfd.readouterr()
+    return exited.value.code, out.out, out.err
 
 
 # Multi-process runs: start, wait, stop, and check that nothing is left behind.

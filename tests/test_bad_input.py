@@ -5,13 +5,11 @@ import gzip
 import json
 import re
 import struct
-import sys
 import time
 
 import pytest
 
-from conftest import assert_nothing_left, run_cli
-from distrain import cli
+from conftest import assert_nothing_left, in_process, run_cli
 
 QUICK = ["trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "data.download_timeout=0"]
 MWMS = ["strategy=multi_worker_mirrored"]
@@ -255,24 +253,6 @@ NEEDS_TENSORFLOW = {"gpu-missing", "device-name", "gpus-missing", "parameter-dev
                     "idx-corrupt", "checkpoint-dir-file"}
 # A few cases that fail before TensorFlow run as a user runs them too, in a process of their own.
 AS_A_USER = {"typo", "epochs-zero", "strategy-typo", "tf-config-json", "run-dir-under-file", "printed-cross"}
-
-
-def in_process(tmp_path, monkeypatch, capfd, args, env_extra):
-    """`python train.py ARGS` in this process: what main() prints, and its exit status. For bad input
-    that fails before any task starts, this checks what a process of its own would, in a tenth of the
-    time (no interpreter and imports to start)."""
-    monkeypatch.chdir(tmp_path)
-    # Hydra's logging set-up would replace this test's capture of the output (pytest's handlers): not here.
-    monkeypatch.setattr(sys, "argv", ["train.py", "hydra/job_logging=none", "hydra/hydra_logging=none", *args])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # main() adds the working directory
-    # (main() sets HYDRA_FULL_ERROR and DISTRAIN_STARTED in os.environ: set here, they are undone after.)
-    for name, value in {"HYDRA_FULL_ERROR": "0", "DISTRAIN_STARTED": str(time.time()),
-                        "KERAS_HOME": str(tmp_path / "keras_home"), **env_extra}.items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(SystemExit) as exited:
-        cli.main()
-    out = capfd.readouterr()
-    return exited.value.code, out.out, out.err
 
 
 def _params():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import assert_nothing_left, finish, kill_task, run_cli, small, start, wait_until
+from conftest import assert_nothing_left, finish, in_process, kill_task, run_cli, small, start, wait_until
 from distrain import training
 from distrain.config import ConfigError
 from distrain.training import train
@@ -53,10 +53,9 @@ def crash_after(monkeypatch, steps: int) -> None:
     monkeypatch.setattr(training.SyncEpochs, "run", crashing)
 
 
-@pytest.mark.parametrize("strategy", ["default", "mirrored"])
-def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypatch, strategy):
-    config = ["trainer.save_model=true", "trainer.epochs=3", f"strategy={strategy}",
-              "strategy.cpu_virtual_devices=2", *SGD_MLP]  # 1024 // 64 = 16 steps an epoch
+def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """In-process, the loop every single-process strategy shares (mirrored: killed, below)."""
+    config = ["trainer.save_model=true", "trainer.epochs=3", *SGD_MLP]  # 1024 // 64 = 16 steps an epoch
     uninterrupted, whole = train(small(*config), tmp_path / "whole")
 
     crash_after(monkeypatch, 23)  # the 4th segment of epoch 2 never runs
@@ -120,10 +119,11 @@ def uninterrupted(tmp_path_factory):
     return run
 
 
-# The whole run killed (the default strategy's loop is the same, and is stopped in-process above).
+# Killed for real (the default strategy's loop is mirrored's, and is stopped in-process above). A worker
+# that fails a run with cluster.max_restarts=0 leaves what a failure leaves anywhere (test_multiworker),
+# and multi_worker_mirrored resumed by hand goes through the same restore as here (test_sigterm_...).
 @pytest.mark.parametrize("strategy, victim, restarted_by", [
     ("mirrored", None, "user"),  # the whole run killed on 2 virtual CPUs, resumed by hand
-    ("multi_worker_mirrored", "worker-1", "user"),  # cluster.max_restarts=0: the run fails, resumed by hand
     ("multi_worker_mirrored", "worker-1", "launcher"),  # the launcher restarts the cluster by itself
 ])
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, strategy, victim,
@@ -148,6 +148,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
         assert cluster["restarts"] == [{"task": "worker-1", "exit_status": -9,
                                         "restarted": "the cluster from its latest checkpoint"}]
     results = json.loads((run_dir / "results.json").read_text())
+    assert results["num_replicas"] == 2 and results["per_replica_batch_size"] == 32
     assert 0 < results["resumed_from_step"] < 192 and results["restarts"] == 1
     assert f"resumed from global step {results['resumed_from_step']}" in out
     assert max_difference(weights(whole_dir / "checkpoints" / "ckpt-192"),
@@ -159,24 +160,30 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
 
 
 @pytest.mark.parametrize("setup, args, message", [
-    ("none", [], "holds no earlier run (no config.yaml)"),
     ("no checkpoint", [], "holds no checkpoint to resume from"),
     ("ok", ["model=cnn"], "model=cnn contradicts the run being resumed, which has 'mlp'"),
     ("ok", ["trainer.batch_size=32"], "trainer.batch_size=32 contradicts the run being resumed, which has 64"),
     ("corrupt", [], "cannot be resumed"),
 ])
-def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message):
+def test_bad_resumes_are_one_line(tmp_path, monkeypatch, capfd, uninterrupted, setup, args, message):
+    """(A directory with no run in it: the bad-input catalogue.) All but the corrupt checkpoint are found
+    before any task starts, so they are checked in this process."""
     run_dir = tmp_path / "run"
-    base = ["data=synthetic", "data.train_examples=256", "data.test_examples=64", "trainer.epochs=1",
-            "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]
-    if setup != "none":
-        shutil.copytree(uninterrupted([*base, f"trainer.save_model={setup != 'no checkpoint'}"]), run_dir)
+    shutil.copytree(uninterrupted(["data=synthetic", "data.train_examples=256", "data.test_examples=64",
+                                   "trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]),
+                    run_dir)
+    if setup == "no checkpoint":
+        shutil.rmtree(run_dir / "checkpoints")
     if setup == "corrupt":
         for data_file in (run_dir / "checkpoints").glob("ckpt-*.data-*"):
             data_file.write_bytes(data_file.read_bytes()[:100])  # truncated, as a full disk leaves it
-    out = run_cli(run_dir, "trainer.resume=true", *args)
-    text = out.stdout + out.stderr
-    assert out.returncode == 2, text[-2000:]
+        out = run_cli(run_dir, "trainer.resume=true", *args)
+        code, text = out.returncode, out.stdout + out.stderr
+    else:
+        code, stdout, stderr = in_process(tmp_path, monkeypatch, capfd, [f"hydra.run.dir={run_dir}",
+                                                                         "trainer.resume=true", *args])
+        text = stdout + stderr
+    assert code == 2, text[-2000:]
     assert message in text and "Traceback" not in text
     assert sum(line.startswith("error:") for line in text.splitlines()) == 1
 
@@ -189,15 +196,13 @@ def test_resume_auto_starts_a_new_run_then_goes_on_from_its_checkpoint(tmp_path)
     assert first.returncode == 0, first.stdout[-2000:]
     assert "trainer.resume=auto: no checkpoint in" in first.stdout + first.stderr
     assert json.loads((tmp_path / "run" / "results.json").read_text())["resumed_from_step"] is None
-    again = run_cli(tmp_path / "run", *base, "trainer.epochs=2")
+    # Restarted, in a run directory of its own (no config.yaml there), as a pod is: the shared checkpoints
+    # are resumed. (The same directory again, as a requeued Slurm job: test_slurm.)
+    again = run_cli(tmp_path / "other", *base, "trainer.epochs=2")
     assert again.returncode == 0, again.stdout[-2000:]
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["resumed_from_step"] == 4 and results["global_steps"] == 8 and results["restarts"] == 1
-    # A run directory of its own (no config.yaml there) with the shared checkpoints: they are resumed.
-    elsewhere = run_cli(tmp_path / "other", *base, "trainer.epochs=3")
-    assert elsewhere.returncode == 0, elsewhere.stdout[-2000:]
     results = json.loads((tmp_path / "other" / "results.json").read_text())
-    assert results["resumed_from_step"] == 8 and len(results["history"]["loss"]) == 3
+    assert results["resumed_from_step"] == 4 and results["global_steps"] == 8 and results["restarts"] == 1
+    assert len(results["history"]["loss"]) == 2
 
 
 def test_an_incompatible_checkpoint_is_refused(tmp_path):
@@ -269,6 +274,8 @@ def test_sigterm_checkpoints_the_step_it_stopped_at_and_resume_starts_there(tmp_
     # 16384 // 128 = 128 steps an epoch; stopped after epoch 2, at a step with no periodic checkpoint.
     assert 256 <= step < 512 and tf.train.latest_checkpoint(str(run_dir / "checkpoints")).endswith(f"ckpt-{step}")
     assert_nothing_left(tmp_path)
+    if strategy != "default":
+        return  # resuming a cluster from its latest checkpoint: the tests above; here once, by hand
     out = run_cli(run_dir, "trainer.resume=true", "trainer.epochs=4")
     assert out.returncode == 0, out.stdout[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
