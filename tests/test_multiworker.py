@@ -50,7 +50,7 @@ def test_multi_worker_mirrored_two_workers_learn(tmp_path):
     assert (results["num_workers"], results["num_replicas"], results["num_ps"]) == (2, 2, 0)
     assert results["jit_compile"] is True and out.stdout.count("warning: trainer.jit_compile=true on a CPU") == 1
     assert 0 < results["seconds_to_first_step"] < RUN_TIMEOUT  # from the command's start, across processes
-    assert results["test_accuracy"] > 0.5, results  # chance is 0.1
+    assert results["test_accuracy"] > 0.6, results  # chance is 0.1
     assert "[worker-0] Test accuracy" in out.stdout and "[worker-1] Test accuracy" not in out.stdout
     tasks = json.loads((run_dir / "cluster.json").read_text())["tasks"]
     assert [(t["name"], t["state"]) for t in tasks] == [
@@ -74,7 +74,7 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     assert (results["num_workers"], results["num_ps"]) == (2, 1)
     assert results["data_source"] == "idx" and results["train_examples"] == 1024
-    assert results["test_accuracy"] > 0.5, results
+    assert results["test_accuracy"] > 0.6, results
     steps = results["worker_steps"]
     assert set(steps) == {"0", "1"} and all(n > 0 for n in steps.values())  # both workers trained
     assert sum(steps.values()) == results["global_steps"]  # every step updated the ps variables once

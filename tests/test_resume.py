@@ -121,7 +121,7 @@ def uninterrupted(tmp_path_factory):
 
 # Killed for real (the default strategy's loop is mirrored's, and is stopped in-process above). A worker
 # that fails a run with cluster.max_restarts=0 leaves what a failure leaves anywhere (test_multiworker),
-# and multi_worker_mirrored resumed by hand goes through the same restore as here (test_sigterm_...).
+# and a multi_worker_mirrored cluster resumed through the launcher's resumed() is test_slurm's requeue.
 @pytest.mark.parametrize("strategy, victim, restarted_by", [
     ("mirrored", None, "user"),  # the whole run killed on 2 virtual CPUs, resumed by hand
     ("multi_worker_mirrored", "worker-1", "launcher"),  # the launcher restarts the cluster by itself
