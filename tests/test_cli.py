@@ -4,11 +4,13 @@ import os
 import signal
 import subprocess
 import sys
+import io
 import time
 
 import pytest
 
 from conftest import RUN_TIMEOUT, TRAIN_PY, run_cli
+from distrain.errors import print_error
 
 def test_help_is_instant_and_lists_the_groups(tmp_path):
     start = time.perf_counter()
@@ -83,3 +85,25 @@ def test_ctrl_c_stops_the_training_process(tmp_path):
             proc.kill()
         for pid in _children_of(run_dir):
             os.kill(pid, signal.SIGKILL)
+
+
+class InterruptedStream(io.StringIO):
+    """stderr where another thread's line (TensorFlow logging a failed call) lands right after the
+    first write: the timing that once joined a task's error line to a log line."""
+    def write(self, text):
+        written = super().write(text)
+        if not getattr(self, "interrupted", False):
+            self.interrupted = True
+            super().write("ERROR:tensorflow: a call failed\n")
+        return written
+
+
+@pytest.mark.parametrize("say, whole", [
+    (print_error, True),
+    (lambda message: print(f"error: {message}", file=sys.stderr, flush=True), False),  # the control
+], ids=["print_error", "print"])
+def test_an_error_line_stays_whole_whatever_another_thread_writes(monkeypatch, say, whole):
+    stream = InterruptedStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    say("bad data: fix it")
+    assert ("error: bad data: fix it\n" in stream.getvalue().splitlines(keepends=True)) is whole

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import report, schema
 from .config import ConfigError, validate
+from .errors import print_error
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM
@@ -183,19 +184,18 @@ def main() -> None:
         if not _printed_config(flags, overrides):
             run()
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print_error(str(exc))
         sys.exit(2)
     except (HydraException, OmegaConfBaseException) as exc:
         if full_error:
             raise
-        print(f"error: {_error_line(exc)}", file=sys.stderr, flush=True)
+        print_error(_error_line(exc))
         sys.exit(2)
     except OSError as exc:  # Hydra could not create the run directory, or we could not write in it
         if full_error:
             raise
-        print(f"error: the run directory cannot be created or written ({exc.strerror}: {exc.filename}): "
-              "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write", file=sys.stderr,
-              flush=True)
+        print_error(f"the run directory cannot be created or written ({exc.strerror}: {exc.filename}): "
+                    "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write")
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside a job (between the jobs of a sweep, or joblib's): no traceback
         sweep = sys.modules.get("distrain.sweep")  # a sweep under way imported it

@@ -1,4 +1,5 @@
 """The errors that end a run with one line (exit status 2), not a traceback."""
+import sys
 
 
 class ConfigError(Exception):
@@ -12,3 +13,11 @@ class Diverged(ConfigError):
 class PeerLost(Exception):
     """A task of the cluster died or stopped answering mid-training: one line, exit status 1 (a
     restart from the latest checkpoint can help, unlike a ConfigError)."""
+
+
+def print_error(message: str) -> None:
+    """`error: MESSAGE` on stderr in one write. print() writes the text and its newline apart, and a
+    line TensorFlow's threads log in between (a parameter-server coordinator logs each failed call
+    while this line is printed) would join it, hiding it among their output."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()

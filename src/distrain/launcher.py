@@ -24,6 +24,7 @@ from . import cluster as cluster_lib
 from . import data, report, schema
 from .cluster import READY
 from .config import CLUSTER_STRATEGIES, ConfigError, checkpoint_dir, has_checkpoint, resumed, validate
+from .errors import print_error
 from .process import SCRATCH, die_with_parent
 
 log = logging.getLogger("distrain")
@@ -278,8 +279,8 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                     outcome = Outcome(code, "failed", restarts.exhausted(why) if restarts else why, task.log_tail())
                     said = any(line.startswith("error:") for line in outcome.log_tail)  # its own line: enough
                     if (len(tasks) > 1 or task.hung) and not said:  # (its lines were mixed with the others')
-                        print(f"error: {outcome.error}; the end of its log ({task.log_path}):\n"
-                              f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
+                        print_error(f"{outcome.error}; the end of its log ({task.log_path}):\n"
+                                    f"{indented(outcome.log_tail)}")
                     return outcome
                 if code:
                     log.warning("task %s exited with status %d: the run goes on without it", task.name, code)
@@ -302,8 +303,8 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                 outcome = Outcome(1, "failed", error, late.log_tail())
                 for task in starting:  # nothing to save yet: no grace period
                     task.stop(signal.SIGKILL)
-                print(f"error: {outcome.error}; the end of its log ({late.log_path}):\n"
-                      f"{indented(outcome.log_tail)}", file=sys.stderr, flush=True)
+                print_error(f"{outcome.error}; the end of its log ({late.log_path}):\n"
+                            f"{indented(outcome.log_tail)}")
                 return outcome
             if not starting:
                 startup_timeout = None
@@ -371,7 +372,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print_error(str(exc))
         return _finish(Outcome(2, "failed", f"error: {exc}"), run_dir, job)
     log.info("data: %s from source %s (%s)", schema.label(cfg.data), source, why)
     config_path = run_dir / "config.yaml"

@@ -15,6 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
 from . import report
+from .errors import print_error
 
 MEASURES = [  # summary column <- results.json key
     ("strategy", "strategy"), ("model", "model"), ("params", "model_params"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
@@ -51,8 +52,8 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
     """Write summary.csv, summary.md and scaling.png into sweep_dir and print the table."""
     rows, varying = collect(sweep_dir)
     if not rows:
-        print(f"error: no jobs found in {sweep_dir} (no run directory with .hydra/overrides.yaml or "
-              f"{report.STATUS}): give the directory a multirun made (multirun/DATE/TIME)", file=sys.stderr)
+        print_error(f"no jobs found in {sweep_dir} (no run directory with .hydra/overrides.yaml or "
+                    f"{report.STATUS}): give the directory a multirun made (multirun/DATE/TIME)")
         return None
     summary = Summary(sweep_dir, rows, varying)
     columns = ["job", *varying, "status", "exit_status", *(name for name, _ in MEASURES if name not in varying),
@@ -246,8 +247,8 @@ def main(argv: list) -> int:
         return 2
     sweep_dir = Path(argv[0])
     if not sweep_dir.is_dir():
-        print(f"error: {sweep_dir} is not a directory: give the sweep directory a multirun made "
-              "(multirun/DATE/TIME)", file=sys.stderr)
+        print_error(f"{sweep_dir} is not a directory: give the sweep directory a multirun made "
+                    "(multirun/DATE/TIME)")
         return 2
     summary = summarize(sweep_dir)
     if summary is None:

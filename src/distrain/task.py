@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import report
 from .config import CLUSTER_STRATEGIES, ConfigError, PeerLost
+from .errors import print_error
 from .data import unreadable_on_worker
 from .process import Preempted, Preemption, die_with_parent
 
@@ -51,12 +52,11 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - a lost peer or unreadable data is translated, else raised
             raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or exc
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print_error(str(exc))
         return 2
     except PeerLost as exc:
         kept = "its latest checkpoint is kept" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
-        print(f"error: {exc}; {kept}: go on with trainer.resume=true", file=sys.stderr,
-              flush=True)
+        print_error(f"{exc}; {kept}: go on with trainer.resume=true")
         os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except Preempted as exc:
         saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
@@ -117,8 +117,8 @@ def serve(task, spec: dict | None = None, startup_timeout: float = 0) -> int:
     deadline = time.monotonic() + startup_timeout
     while silent := cluster_lib.unanswered(chief):
         if time.monotonic() > deadline:
-            print(f"error: the chief never answered within {startup_timeout:g} s (cluster.startup_timeout; "
-                  f"{silent['chief-0']}): read its log, or raise cluster.startup_timeout", file=sys.stderr, flush=True)
+            print_error(f"the chief never answered within {startup_timeout:g} s (cluster.startup_timeout; "
+                        f"{silent['chief-0']}): read its log, or raise cluster.startup_timeout")
             os._exit(1)
         time.sleep(0.5)
     while not cluster_lib.unanswered(chief):
