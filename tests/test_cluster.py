@@ -185,6 +185,24 @@ def test_pinned_workers_get_cores_of_their_own():
     assert [cluster.worker_cores(i, 2, cores=[0, 1, 2, 3]) for i in range(2)] == [{0, 1}, {2, 3}]
 
 
+def test_tasks_start_the_usual_way_when_the_fork_server_cannot(tmp_path, caplog):
+    """A fork server that dies at start (its imports failed): the task runs its own command instead,
+    and the launcher says so, naming the server's log."""
+    from distrain.forkserver import ForkServer
+    from distrain.launcher import Task
+
+    broken = [sys.executable, "-c", "import sys; sys.exit('ImportError: no tensorflow here')"]
+    with ForkServer(tmp_path / "config.yaml", tmp_path / "logs" / "forkserver.log", wrap=lambda _: broken) as forks:
+        task = Task("train", [sys.executable, "-c", "print('started on its own')"], forks=forks)
+        task.start(tmp_path, prefix=None)
+        assert task.proc.wait(timeout=30) == 0
+    assert isinstance(task.proc, subprocess.Popen)  # the control: not a forked Child
+    task._pump.join(timeout=5)
+    assert (tmp_path / "logs" / "train.log").read_text() == "started on its own\n"
+    assert "no tensorflow here" in (tmp_path / "logs" / "forkserver.log").read_text()
+    assert "tasks start without TensorFlow imported in advance (no fork server: the fork server exited" in caplog.text
+
+
 def _free_ports(n):
     import portpicker
     return [portpicker.pick_unused_port() for _ in range(n)]

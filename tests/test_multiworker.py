@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import portpicker
@@ -83,7 +84,7 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     assert "dense/kernel:0" in chief_log and "ps:0" in chief_log
     assert "Epoch 3/3 - global step" in chief_log and "worker 0:" in chief_log and "worker 1:" in chief_log
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
-        "chief-0.log", "evaluator-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+        "chief-0.log", "evaluator-0.log", "forkserver.log", "ps-0.log", "worker-0.log", "worker-1.log"]
     # Where the start-up went: the coordinator connects once every server is up, then trains.
     ready = {t["name"]: t["seconds_to_ready"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
     assert 0 < max(ready["ps-0"], ready["worker-0"], ready["worker-1"]) < ready["chief-0"]
@@ -92,11 +93,27 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     assert_nothing_left(run_dir)
 
 
+def check_forked(run_dir):
+    """Every task of the running cluster is a child of the run's fork server (TensorFlow imported
+    once), in a session of its own (the launcher signals it as a group), on the cores cluster.json
+    gives it."""
+    parents = set()
+    for task in json.loads((run_dir / "cluster.json").read_text())["tasks"]:
+        state = Path(f"/proc/{task['pid']}/stat").read_text().rpartition(")")[2].split()
+        parents.add(int(state[1]))
+        assert int(state[3]) == task["pid"], task  # its session
+        if task["cores"]:
+            assert os.sched_getaffinity(task["pid"]) == set(task["cores"]), task
+    (server,) = parents
+    assert Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")[1:4] == [
+        b"-m", b"distrain.forkserver", str(run_dir / "config.yaml").encode()]
+
+
 def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
                  "data.train_examples=2048", "trainer.epochs=16", "trainer.batch_size=32", "trainer.save_model=false",
-                 "trainer.verbose=2")
+                 "trainer.verbose=2", "cluster.pin_workers=true")
     chief_log, worker_log = run_dir / "logs" / "chief-0.log", run_dir / "logs" / "worker-1.log"
     epoch_lines = lambda: re.findall(r"Epoch \d+/16 - .*worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
     try:
@@ -110,6 +127,7 @@ def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path)
         kill_task(run_dir, "worker-1")
         wait_until(lambda: "ready" in worker_log.read_text().partition("--- restart 1 ---")[2], proc, "restart")
         seen = len(epoch_lines())  # the epoch after the next one is scheduled wholly after the restart
+        check_forked(run_dir)  # the restarted worker too
     finally:
         out = finish(proc)
     assert proc.returncode == 0, out[-4000:]

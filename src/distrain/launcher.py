@@ -25,6 +25,7 @@ from . import data, report, schema
 from .cluster import READY
 from .config import CLUSTER_STRATEGIES, ConfigError, checkpoint_dir, has_checkpoint, resumed, validate
 from .errors import print_error
+from .forkserver import ForkServer
 from .process import SCRATCH, die_with_parent
 
 log = logging.getLogger("distrain")
@@ -130,6 +131,7 @@ class Task:
     restarts: int = 0
     peer_timeout: float = 0  # > 0: the task keeps a heartbeat (process.Heartbeat) that must not stop this long
     hung: bool = False
+    forks: ForkServer = None  # starts the task with TensorFlow imported, instead of running argv
 
     def start(self, run_dir: Path, prefix: str | None) -> None:
         self.prefix = prefix
@@ -141,10 +143,18 @@ class Task:
             self.heartbeat = self.log_path.with_suffix(".heartbeat")
             self.heartbeat.unlink(missing_ok=True)
             env["DISTRAIN_HEARTBEAT"] = str(self.heartbeat)
-        self.proc = subprocess.Popen(
-            self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True,  # our signal handling decides when it stops, not the terminal's
-            preexec_fn=self._in_child)
+        self.proc = None
+        if self.forks and self.forks.reason == "":
+            try:
+                self.proc = self.forks.spawn(env, self.cores)
+            except OSError as exc:
+                log.warning("tasks start without TensorFlow imported in advance (%s; its log: %s)", exc,
+                            self.forks.log_path)
+        if self.proc is None:
+            self.proc = subprocess.Popen(
+                self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True,  # our signal handling decides when it stops, not the terminal's
+                preexec_fn=self._in_child)
         self._pump = threading.Thread(target=self._copy_output, args=(prefix,), daemon=True)
         self._pump.start()
 
@@ -269,6 +279,7 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                     task.restarts = restarts.per_task[task.name]
                     task.start(run_dir, task.prefix)
                     seen.discard(task.name)
+                    on_change and on_change("running")  # its new pid
                     continue
                 if code and task.essential and restarts and restarts.allow(task, code):
                     restarts.take(task, None if task.hung else code, why, "the cluster from its latest checkpoint",
@@ -414,7 +425,8 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
     restarts = Restarts(c.max_restarts)
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
-            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores, scratch_dir():
+            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores, scratch_dir(), \
+            ForkServer(argv[-1], run_dir / "logs" / "forkserver.log", net.wrap) as forks:  # argv[-1]: the config
         if not net.available:
             if c.isolate is True:
                 error = (f"error: cluster.isolate=true but no private network is possible here ({net.reason}): "
@@ -428,7 +440,7 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
             log.warning("cluster.pin_workers: %s", cores.shared)
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
         while True:
-            spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker)
+            spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
             for task in tasks:  # after a restart of the cluster, each task's log goes on
                 task.restarts = restarts.per_task[task.name]
             log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
@@ -446,7 +458,7 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
             cfg = _resuming(cfg, run_dir)
 
 
-def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int) -> tuple[dict, list]:
+def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) -> tuple[dict, list]:
     """The cluster spec (ports picked free) and a Task for each of its tasks."""
     c, strategy = cfg.cluster, cfg.strategy.name
     spec = cluster_lib.local_spec(strategy, c.workers, c.ps)
@@ -459,12 +471,12 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int) -> tuple[
             serves = strategy == "parameter_server" and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if c.pin_workers and task_type == "worker" else None
             tasks.append(Task(task.name, net.wrap(argv), env, main=not serves, alone=serves and task_type == "worker",
-                              spec=task, cores=pinned, peer_timeout=coordinator_timeout(cfg, task_type)))
+                              spec=task, cores=pinned, peer_timeout=coordinator_timeout(cfg, task_type), forks=forks))
     if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
         evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
         env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
                **cluster_lib.thread_caps("evaluator", c.workers)}
-        tasks.append(Task(evaluator.name, net.wrap(argv), env, essential=False, spec=evaluator))
+        tasks.append(Task(evaluator.name, net.wrap(argv), env, essential=False, spec=evaluator, forks=forks))
     return spec, tasks
 
 

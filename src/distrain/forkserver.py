@@ -1,0 +1,199 @@
+"""Starts a local cluster's task processes with TensorFlow already imported.
+
+Importing TensorFlow takes a task about 3.5 s of CPU before it does anything: a cluster of 4 tasks
+on 2 cores spends 7 s of its start-up there, and every restarted task again. The fork server
+imports it once per run, then forks a task in milliseconds: each child becomes the task process
+`python -m distrain.task CONFIG` would be (its own session, environment, output pipe, cores), with
+a clean TensorFlow (no device, no server, no thread started before the fork).
+
+Python's multiprocessing has a fork server too, but its children are not such processes (no session
+of their own, no normal interpreter exit, no output pipe, outside the cluster's network namespace);
+this one runs inside the namespace, so its children are too.
+"""
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from .process import die_with_parent
+
+READY_TIMEOUT = 60.0  # seconds for the server's imports, however loaded the machine
+
+
+class ForkServer:
+    """One run's fork server: `spawn()` starts a task of the run whose config is config_path.
+
+    `wrap(argv)` runs the server where the tasks must run (PrivateNetwork.wrap). If the server
+    cannot start, `available` is False, and `reason` says why: tasks then start the usual way."""
+
+    def __init__(self, config_path: Path, log_path: Path, wrap=lambda argv: argv):
+        self.config_path, self.log_path, self.wrap = str(config_path), log_path, wrap
+        self.available, self.reason, self.proc = False, "", None
+        self._children, self._exited, self._replies, self._lock = {}, {}, [], threading.Lock()
+        self._replied = threading.Condition(self._lock)
+
+    def __enter__(self):
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with theirs, open(self.log_path, "wb") as log_file:
+            # One BLAS thread: the server must hold no thread when it forks (numpy's BLAS starts some).
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
+            self.proc = subprocess.Popen(
+                self.wrap([sys.executable, "-m", "distrain.forkserver", self.config_path, str(theirs.fileno())]), env=env,
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=die_with_parent)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        """The server's messages: "ready", "pid N" for each spawn, "exit N STATUS" as children end."""
+        while True:
+            try:
+                message = self._sock.recv(256).decode()
+            except OSError:
+                message = ""
+            with self._lock:
+                if not message:  # the server is gone, and its children with it (die_with_parent)
+                    self.available, self.reason = False, self.reason or "the fork server exited"
+                    for child in self._children.values():
+                        child.ended(-signal.SIGKILL)
+                    self._replied.notify_all()
+                    return
+                kind, *values = message.split()
+                if kind == "ready":
+                    self.available = True
+                elif kind == "pid":
+                    self._replies.append(int(values[0]))
+                elif kind == "exit":  # (a child that ended at once may be no child of ours yet)
+                    pid, status = int(values[0]), int(values[1])
+                    if pid in self._children:
+                        self._children.pop(pid).ended(status)
+                    else:
+                        self._exited[pid] = status
+                self._replied.notify_all()
+
+    def wait_ready(self) -> bool:
+        """Whether the server is up (it imports TensorFlow first: a few seconds)."""
+        with self._lock:
+            self._replied.wait_for(lambda: self.available or self.reason, timeout=READY_TIMEOUT)
+            if not self.available and not self.reason:
+                self.reason = f"not ready within {READY_TIMEOUT:g} s"
+            return self.available
+
+    def spawn(self, env: dict, cores=None) -> "Child":
+        """A task process of the run, with this environment (the whole of it) and CPU affinity."""
+        if not self.wait_ready():
+            raise OSError(f"no fork server: {self.reason}")
+        out, theirs = os.pipe()
+        request = {"env": env, "cores": sorted(cores) if cores else None}
+        try:
+            with self._lock:
+                socket.send_fds(self._sock, [json.dumps(request).encode()], [theirs])
+                self._replied.wait_for(lambda: self._replies or not self.available, timeout=READY_TIMEOUT)
+                pid = self._replies.pop(0) if self._replies else None
+                if pid is not None:
+                    child = self._children[pid] = Child(pid, os.fdopen(out, "rb"))
+                    if pid in self._exited:  # it ended before we got here
+                        child.ended(self._exited.pop(pid))
+                    return child
+        finally:
+            os.close(theirs)
+        os.close(out)
+        raise OSError(f"no fork server: {self.reason or 'no answer'}")
+
+    def __exit__(self, *exc):
+        self._sock.close()  # the server exits when its socket closes
+        if self.proc:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(timeout=5)
+
+
+class Child:
+    """A task the fork server started, as much of subprocess.Popen as the launcher uses."""
+
+    def __init__(self, pid: int, stdout):
+        self.pid, self.stdout, self.returncode = pid, stdout, None
+        self._ended = threading.Event()
+
+    def ended(self, status: int) -> None:
+        self.returncode = status
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout=None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"task process {self.pid}", timeout)
+        return self.returncode
+
+
+def serve(fd: int):
+    """The server: import what a task imports, then fork a task for each request until the launcher
+    closes the socket. Returns (in the child only) the request the child is to carry out."""
+    sock = socket.socket(fileno=fd)
+    from . import task, training  # noqa: F401 - TensorFlow, Keras and the training code, once for all tasks
+
+    sock.send(b"ready")
+    while True:
+        readable = select.select([sock], [], [], 0.1)[0]
+        _reap(sock)
+        if not readable:
+            continue
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+        if not message:
+            return None  # the launcher is done: our children die with us
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            return json.loads(message), fds[0]
+        os.close(fds[0])
+        sock.send(f"pid {pid}".encode())
+
+
+def _reap(sock) -> None:
+    """Tell the launcher of every child that ended, with its status as Popen.returncode gives it."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.send(f"exit {pid} {os.waitstatus_to_exitcode(status)}".encode())
+
+
+def become_task(config: str, request: dict, out: int) -> int:
+    """In a forked child: turn into the task process the launcher asked for, and run it."""
+    os.setsid()  # its own process group, which the launcher signals as a whole
+    die_with_parent()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if request["cores"]:
+        os.sched_setaffinity(0, request["cores"])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    from . import task
+
+    return task.main([config])
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when tasks stop
+    # Its command line names the run's config, as each task's does (`ps` tells the runs apart).
+    forked = serve(int(sys.argv[2]))
+    sys.exit(become_task(sys.argv[1], *forked) if forked else 0)
