@@ -95,13 +95,13 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
 
 def check_forked(run_dir):
     """Every task of the running cluster is a child of the run's fork server (TensorFlow imported
-    once), in a session of its own (the launcher signals it as a group), on the cores cluster.json
-    gives it."""
+    once), in a process group of its own (the launcher signals it as a whole), on the cores
+    cluster.json gives it."""
     parents = set()
     for task in json.loads((run_dir / "cluster.json").read_text())["tasks"]:
         state = Path(f"/proc/{task['pid']}/stat").read_text().rpartition(")")[2].split()
         parents.add(int(state[1]))
-        assert int(state[3]) == task["pid"], task  # its session
+        assert int(state[2]) == task["pid"], task  # its process group
         if task["cores"]:
             assert os.sched_getaffinity(task["pid"]) == set(task["cores"]), task
     (server,) = parents
@@ -113,7 +113,7 @@ def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path)
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
                  "data.train_examples=2048", "trainer.epochs=16", "trainer.batch_size=32", "trainer.save_model=false",
-                 "trainer.verbose=2", "cluster.pin_workers=true")
+                 "trainer.verbose=2")
     chief_log, worker_log = run_dir / "logs" / "chief-0.log", run_dir / "logs" / "worker-1.log"
     epoch_lines = lambda: re.findall(r"Epoch \d+/16 - .*worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
     try:

@@ -3,7 +3,7 @@
 Importing TensorFlow takes a task about 3.5 s of CPU before it does anything: a cluster of 4 tasks
 on 2 cores spends 7 s of its start-up there, and every restarted task again. The fork server
 imports it once per run, then forks a task in milliseconds: each child becomes the task process
-`python -m distrain.task CONFIG` would be (its own session, environment, output pipe, cores), with
+`python -m distrain.task CONFIG` would be (its own process group, environment, output pipe, cores), with
 a clean TensorFlow (no device, no server, no thread started before the fork).
 
 Python's multiprocessing has a fork server too, but its children are not such processes (no session
@@ -108,7 +108,11 @@ class ForkServer:
         raise OSError(f"no fork server: {self.reason or 'no answer'}")
 
     def __exit__(self, *exc):
-        self._sock.close()  # the server exits when its socket closes
+        try:  # the server exits when its socket is shut (close alone would wait for our reader's recv)
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
         if self.proc:
             try:
                 self.proc.wait(timeout=5)
@@ -157,6 +161,7 @@ def serve(fd: int):
         if pid == 0:
             sock.close()
             return json.loads(message), fds[0]
+        _own_group(pid)  # here too, so that it is one before the launcher hears of the child
         os.close(fds[0])
         sock.send(f"pid {pid}".encode())
 
@@ -173,9 +178,18 @@ def _reap(sock) -> None:
         sock.send(f"exit {pid} {os.waitstatus_to_exitcode(status)}".encode())
 
 
+def _own_group(pid: int) -> None:
+    """Make the child `pid` (0: this process) a process group of its own: the parent and the child
+    both do, as shells do, since either may run first."""
+    try:
+        os.setpgid(pid, 0)
+    except OSError:  # the child did already, or has exited
+        pass
+
+
 def become_task(config: str, request: dict, out: int) -> int:
     """In a forked child: turn into the task process the launcher asked for, and run it."""
-    os.setsid()  # its own process group, which the launcher signals as a whole
+    _own_group(0)  # the launcher signals the task as a whole (the server has no terminal to share)
     die_with_parent()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(out, 1)

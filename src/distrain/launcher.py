@@ -311,9 +311,9 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                     error += (f": no answer from {', '.join(f'{n} ({why})' for n, why in silent.items())}; "
                               "start those tasks or fix their addresses") if silent else \
                         ": every peer answers, so read its log below; or raise cluster.startup_timeout"
-                outcome = Outcome(1, "failed", error, late.log_tail())
                 for task in starting:  # nothing to save yet: no grace period
                     task.stop(signal.SIGKILL)
+                outcome = Outcome(1, "failed", error, late.log_tail())  # (it waits for the last output)
                 print_error(f"{outcome.error}; the end of its log ({late.log_path}):\n"
                             f"{indented(outcome.log_tail)}")
                 return outcome
