@@ -55,7 +55,9 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"This could happen if the remote target has been", b":UNKNOWN:Error received from peer",
          b"Ignoring an error encountered when deleting remote tensors",
          b"encountered the following error when processing", b"\t [[{{node ",
-         b"MultiDeviceSaver.save.<locals>.tf_function_save")  # its checkpoints under parameter servers
+         b"MultiDeviceSaver.save.<locals>.tf_function_save",  # its checkpoints under parameter servers
+         b"ERROR:tensorflow:Worker /job:worker/", b"Local rendezvous is aborting with status",
+         b"Device filters can only be specified when initializing")  # a worker lost, then back
 
 
 def is_noise(line: bytes) -> bool:

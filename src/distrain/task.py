@@ -65,6 +65,9 @@ def main(argv=None) -> int:
     if is_chief(strategy):
         report.write_results(run_dir, results)
         print(report.summary_line(results), flush=True)
+    if task and cfg.strategy.name == "parameter_server":  # the coordinator: all is written
+        sys.stderr.flush()
+        os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (training.KEPT)
     return 0
 
 

@@ -39,6 +39,12 @@ def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
     return examples_per_epoch * len(timed) / sum(timed)
 
 
+# The coordinator's functions, never deleted: deleting one removes it from every remote task, which
+# after a worker's restart takes seconds (12 s for a run's functions, measured); the coordinator's
+# process ends without (task.main).
+KEPT = []
+
+
 def train(cfg, run_dir: Path, strategy=None):
     """Train as the config says; returns (results dict, model). The chief saves into run_dir.
 
@@ -99,8 +105,11 @@ def train(cfg, run_dir: Path, strategy=None):
 
     writer = tf.summary.create_file_writer(str(out_dir / "tensorboard" / "train")) if t.tensorboard else None
     run_epochs(runner, progress, t, steps, per_call, saves, writer)
+    if writer:
+        writer.close()
     if asynchronous:
         runner.heartbeat.stop()
+        KEPT.append(runner)
     history, epoch_seconds = progress.history, progress.epoch_seconds
 
     global_steps = int(optimizer.iterations.numpy())
