@@ -8,13 +8,16 @@ PY := $(VENV)/bin/python
 train: $(VENV)/.installed
 	$(PY) train.py $(ARGS)
 
+# Two pytest-xdist workers, a test module each at a time: a module's shared runs (and test_slurm's one
+# Slurm) stay in one worker, and the other fills the core that one run's start-up and waits leave idle.
+# The modules go longest first (tests/conftest.py), not by their number of tests.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder $(ARGS)
 
 # The inner loop: config, schema, bad input that fails before TensorFlow, clusters' mapping, data,
 # summaries and plots; no training (tests marked slow).
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -n 2 -m "not slow" $(ARGS)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
