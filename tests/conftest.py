@@ -136,14 +136,14 @@ def fresh_collective_keys():
 # kind of machine). `make test` runs whole modules in either worker (--dist loadscope, so a module's
 # shared runs and test_slurm's one Slurm stay in one worker) and hands a worker the next module as it
 # nears the end of its last: longest first, both workers end about together.
-LONGEST_FIRST = ["test_multiworker",  # 335 s
-                 "test_resume",  # 250 s
-                 "test_slurm",  # 143 s
-                 "test_bad_input",  # 102 s
-                 "test_sweep",  # 101 s
-                 "test_cli",  # 99 s
-                 "test_own_model",  # 81 s
-                 "test_training"]  # 74 s; the others take seconds
+LONGEST_FIRST = ["test_multiworker",  # 309 s
+                 "test_resume",  # 226 s
+                 "test_slurm",  # 160 s
+                 "test_sweep",  # 122 s
+                 "test_bad_input",  # 95 s
+                 "test_own_model",  # 70 s
+                 "test_training",  # 63 s
+                 "test_cli"]  # 62 s; the others take seconds
 
 
 def pytest_collection_modifyitems(items):
