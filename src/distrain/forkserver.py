@@ -102,10 +102,12 @@ class ForkServer:
                     if pid in self._exited:  # it ended before we got here
                         child.ended(self._exited.pop(pid))
                     return child
+                # Unanswered: a late answer would be taken for the next task's, so no more tasks from here.
+                self.reason = self.reason or f"no answer within {READY_TIMEOUT:g} s"
         finally:
             os.close(theirs)
         os.close(out)
-        raise OSError(f"no fork server: {self.reason or 'no answer'}")
+        raise OSError(f"no fork server: {self.reason}")
 
     def __exit__(self, *exc):
         try:  # the server exits when its socket is shut (close alone would wait for our reader's recv)
@@ -114,6 +116,8 @@ class ForkServer:
             pass
         self._sock.close()
         if self.proc:
+            if not self.available:  # still importing (the run ended first), or gone: nothing to wait for
+                self.proc.kill()
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -241,8 +241,10 @@ def _stopped(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] in ("T", "t")  # the state, after the command's name
 
 
-def indented(lines: list) -> str:
-    return "\n".join(f"    {line}" for line in lines) or "    (no output)"
+def print_failure(outcome: Outcome, log_path: Path) -> None:
+    """The run's error line, with the end of the failed task's log indented below it."""
+    tail = "\n".join(f"    {line}" for line in outcome.log_tail) or "    (no output)"
+    print_error(f"{outcome.error}; the end of its log ({log_path}):\n{tail}")
 
 
 def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, job: Job | None = None,
@@ -292,8 +294,7 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                     outcome = Outcome(code, "failed", restarts.exhausted(why) if restarts else why, task.log_tail())
                     said = any(line.startswith("error:") for line in outcome.log_tail)  # its own line: enough
                     if (len(tasks) > 1 or task.hung) and not said:  # (its lines were mixed with the others')
-                        print_error(f"{outcome.error}; the end of its log ({task.log_path}):\n"
-                                    f"{indented(outcome.log_tail)}")
+                        print_failure(outcome, task.log_path)
                     return outcome
                 if code:
                     log.warning("task %s exited with status %d: the run goes on without it", task.name, code)
@@ -316,8 +317,7 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
                 for task in starting:  # nothing to save yet: no grace period
                     task.stop(signal.SIGKILL)
                 outcome = Outcome(1, "failed", error, late.log_tail())  # (it waits for the last output)
-                print_error(f"{outcome.error}; the end of its log ({late.log_path}):\n"
-                            f"{indented(outcome.log_tail)}")
+                print_failure(outcome, late.log_path)
                 return outcome
             if not starting:
                 startup_timeout = None
@@ -427,37 +427,38 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
     restarts = Restarts(c.max_restarts)
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
-            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores, scratch_dir(), \
-            ForkServer(argv[-1], run_dir / "logs" / "forkserver.log", net.wrap) as forks:  # argv[-1]: the config
+            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores, scratch_dir():
         if not net.available:
             if c.isolate is True:
-                error = (f"error: cluster.isolate=true but no private network is possible here ({net.reason}): "
+                error = (f"cluster.isolate=true but no private network is possible here ({net.reason}): "
                          "set cluster.isolate=auto to run without one")
-                print(error, file=sys.stderr, flush=True)
-                return Outcome(2, "failed", error)
+                print_error(error)
+                return Outcome(2, "failed", f"error: {error}")
             log.warning("the cluster's servers are NOT isolated (%s): TensorFlow listens on every interface, "
                         "so anyone who can reach this machine can reach them; use a trusted network",
                         net.reason)
         if cores.shared:
             log.warning("cluster.pin_workers: %s", cores.shared)
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
-        while True:
-            spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
-            for task in tasks:  # after a restart of the cluster, each task's log goes on
-                task.restarts = restarts.per_task[task.name]
-            log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
+        # Started only now, so that a run refused above imports nothing. argv[-1]: the run's config.
+        with ForkServer(argv[-1], run_dir / "logs" / "forkserver.log", net.wrap) as forks:
+            while True:
+                spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
+                for task in tasks:  # after a restart of the cluster, each task's log goes on
+                    task.restarts = restarts.per_task[task.name]
+                log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
 
-            def write_cluster_json(status: str):
-                state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
-                         "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}
-                report.write_json(run_dir / "cluster.json", state)
+                def write_cluster_json(status: str):
+                    state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
+                             "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}
+                    report.write_json(run_dir / "cluster.json", state)
 
-            outcome = run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
-                                job=job, restarts=restarts)
-            if not outcome.restart:
-                _record_restarts(run_dir, restarts)
-                return outcome
-            cfg = _resuming(cfg, run_dir)
+                outcome = run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
+                                    job=job, restarts=restarts)
+                if not outcome.restart:
+                    _record_restarts(run_dir, restarts)
+                    return outcome
+                cfg = _resuming(cfg, run_dir)
 
 
 def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) -> tuple[dict, list]:

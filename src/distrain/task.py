@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import report
 from .config import CLUSTER_STRATEGIES, ConfigError, PeerLost
-from .errors import print_error
 from .data import unreadable_on_worker
+from .errors import print_error
 from .process import Preempted, Preemption, die_with_parent
 
 
