@@ -1,6 +1,6 @@
 """The benchmark suite: distrain against plain Keras and against its own settings, measured side by side.
 
-    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,pipeline,startup,accuracy,scaling,ps_data]
+    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,cpu,threads,pipeline,startup,accuracy,scaling,ps_data]
 
 Never timed tests: this prints ratios measured in one run. Each round runs every configuration of a
 section back to back, in alternating order (A B, then B A), so drift on a shared machine hits both
@@ -29,7 +29,10 @@ HERE = Path(__file__).resolve().parent
 TRAIN, PLAIN = HERE.parent / "train.py", HERE / "plain_keras.py"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
-SECTIONS = ("overhead", "settings", "pipeline", "startup", "accuracy", "scaling", "ps_data")
+# Where distrain is compared with plain Keras for its own cost, both run oneDNN's kernels (the cpu
+# section compares each out of the box).
+ONEDNN, PLAIN_ONEDNN = "trainer.onednn=true", {"TF_ENABLE_ONEDNN_OPTS": "1"}
+SECTIONS = ("overhead", "settings", "cpu", "threads", "pipeline", "startup", "accuracy", "scaling", "ps_data")
 
 
 class Failed(Exception):
@@ -66,8 +69,8 @@ class Bench:
         results = json.loads((run_dir / "results.json").read_text())
         return {**results, "wall_seconds": wall, "run_dir": str(run_dir)}
 
-    def plain(self, *args, cores=None) -> dict:
-        out, wall = self._run([sys.executable, str(PLAIN), f"--epochs={self.opts.epochs}", *args], cores=cores)
+    def plain(self, *args, cores=None, env=None) -> dict:
+        out, wall = self._run([sys.executable, str(PLAIN), f"--epochs={self.opts.epochs}", *args], cores=cores, env=env)
         return {**json.loads(out.strip().splitlines()[-1]), "wall_seconds": wall}
 
     def rounds(self, name: str, configs: dict, rounds: int | None = None) -> dict:
@@ -98,7 +101,7 @@ class Bench:
 
 def strip(results: dict) -> dict:
     keep = ("examples_per_sec", "steps_per_sec", "test_accuracy", "train_seconds", "seconds_to_first_step",
-            "wall_seconds", "epoch_seconds", "precision_policy", "steps_per_execution")
+            "wall_seconds", "epoch_seconds", "precision_policy", "onednn", "steps_per_execution")
     return {k: results[k] for k in keep if k in results}
 
 
@@ -117,8 +120,8 @@ def overhead(b: Bench) -> None:
     for r in range(b.opts.rounds):
         a, c = ({cores[0]}, {cores[1]}) if r % 2 == 0 else ({cores[1]}, {cores[0]})
         with ThreadPoolExecutor(2) as pool:
-            ours = pool.submit(b.train, e, "trainer.mixed_precision=false", cores=a)
-            theirs = pool.submit(b.plain, cores=c)
+            ours = pool.submit(b.train, e, "trainer.mixed_precision=false", ONEDNN, cores=a)
+            theirs = pool.submit(b.plain, cores=c, env=PLAIN_ONEDNN)
             mine.append(ours.result())
             plain.append(theirs.result())
         print(f"  overhead round {r + 1}/{b.opts.rounds}  distrain {mine[-1]['examples_per_sec']:6.0f} examples/s "
@@ -136,19 +139,20 @@ def overhead(b: Bench) -> None:
 
 
 def settings(b: Bench) -> None:
-    """The trainer's speed settings, each against the default float32 loop, and XLA under plain Keras too."""
-    e = f"trainer.epochs={b.opts.epochs}"
+    """The trainer's speed settings, each against the default float32 loop, and XLA under plain Keras too
+    (oneDNN on in every run)."""
+    e = f"trainer.epochs={b.opts.epochs}", ONEDNN
     ps = ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]
     got = b.rounds("settings", {
-        "float32, 1 step per call": lambda: b.train(e, "trainer.mixed_precision=false", "trainer.steps_per_execution=1"),
-        "float32, 8 steps per call (default)": lambda: b.train(e, "trainer.mixed_precision=false"),
-        "mixed_precision=auto (default)": lambda: b.train(e),
-        "float32, jit_compile=true": lambda: b.train(e, "trainer.mixed_precision=false", "trainer.jit_compile=true"),
-        "plain Keras, float32": lambda: b.plain(),
-        "plain Keras, jit_compile=True": lambda: b.plain("--jit-compile"),
-        "parameter_server 2 workers, 1 step per call": lambda: b.train(e, *ps, "trainer.steps_per_execution=1",
+        "float32, 1 step per call": lambda: b.train(*e, "trainer.mixed_precision=false", "trainer.steps_per_execution=1"),
+        "float32, 8 steps per call (default)": lambda: b.train(*e, "trainer.mixed_precision=false"),
+        "mixed_precision=auto (default)": lambda: b.train(*e),
+        "float32, jit_compile=true": lambda: b.train(*e, "trainer.mixed_precision=false", "trainer.jit_compile=true"),
+        "plain Keras, float32": lambda: b.plain(env=PLAIN_ONEDNN),
+        "plain Keras, jit_compile=True": lambda: b.plain("--jit-compile", env=PLAIN_ONEDNN),
+        "parameter_server 2 workers, 1 step per call": lambda: b.train(*e, *ps, "trainer.steps_per_execution=1",
                                                                         "trainer.mixed_precision=false"),
-        "parameter_server 2 workers, 8 steps per call": lambda: b.train(e, *ps, "trainer.mixed_precision=false"),
+        "parameter_server 2 workers, 8 steps per call": lambda: b.train(*e, *ps, "trainer.mixed_precision=false"),
     })
     base = got["float32, 8 steps per call (default)"]
     b.row("overhead", "examples/s: distrain / plain Keras fit, one after the other, 2 cores",
@@ -324,10 +328,75 @@ def ps_data(b: Bench) -> None:
         b.row("ps_data", f"{label}: a worker's peak memory", peaks, " MiB")
 
 
+def cpu(b: Bench) -> None:
+    """This CPU's speed settings: distrain and plain Keras fit out of the box, each setting on its own, and
+    oneDNN on against off under every kind of strategy (float32 unless said)."""
+    e, f32 = f"trainer.epochs={b.opts.epochs}", "trainer.mixed_precision=false"
+    on, off = "trainer.onednn=true", "trainer.onednn=false"
+    strategies = {"default": [], "mirrored, 2 virtual CPUs": ["strategy=mirrored", "strategy.cpu_virtual_devices=2"],
+                  "multi_worker_mirrored, 2 workers": ["strategy=multi_worker_mirrored", "cluster.workers=2"],
+                  "parameter_server, 1 ps + 2 workers": ["strategy=parameter_server", "cluster.workers=2",
+                                                          "cluster.ps=1"]}
+    configs = {"distrain, defaults": lambda: b.train(e), "plain Keras fit, defaults": lambda: b.plain(),
+               "oneDNN on, 1 step per call": lambda: b.train(e, f32, on, "trainer.steps_per_execution=1"),
+               "oneDNN on, mixed_bfloat16": lambda: b.train(e, on, "trainer.mixed_precision=true")}
+    for name, args in strategies.items():
+        configs[f"{name}, oneDNN on"] = lambda a=args: b.train(e, f32, on, *a)
+        configs[f"{name}, oneDNN off"] = lambda a=args: b.train(e, f32, off, *a)
+    got = b.rounds("cpu", configs)
+    ours, plain = got["distrain, defaults"], got["plain Keras fit, defaults"]
+    b.row("cpu", f"out of the box ({ours[0]['precision_policy']}, oneDNN {'on' if ours[0].get('onednn') else 'off'}): "
+          "distrain / plain Keras fit", ratios(ours, plain), "x")
+    b.row("cpu", "out of the box: test accuracy, distrain - plain Keras fit (points)", points(ours, plain))
+    for name in strategies:
+        b.row("cpu", f"oneDNN on / off: {name}", ratios(got[f"{name}, oneDNN on"], got[f"{name}, oneDNN off"]), "x")
+        b.row("cpu", f"oneDNN on - off: test accuracy, {name} (points)",
+              points(got[f"{name}, oneDNN on"], got[f"{name}, oneDNN off"]))
+    base = got["default, oneDNN on"]
+    b.row("cpu", "steps_per_execution 8 / 1 (oneDNN on)", ratios(base, got["oneDNN on, 1 step per call"]), "x")
+    b.row("cpu", "mixed_bfloat16 / float32 (oneDNN on)", ratios(got["oneDNN on, mixed_bfloat16"], base), "x")
+    b.row("cpu", "mixed_bfloat16 - float32: test accuracy (points)", points(got["oneDNN on, mixed_bfloat16"], base))
+
+
+def threads(b: Bench) -> None:
+    """TensorFlow's thread pools: its default (as many intra-op threads as cores) against one per process,
+    for one process and for a local cluster's workers (the launcher splits the cores among them)."""
+    e = f"trainer.epochs={b.opts.epochs}", "trainer.mixed_precision=false"
+    n = len(b.cores)
+    mwms = ["strategy=multi_worker_mirrored", "cluster.workers=2"]
+    ps = ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]
+    got = b.rounds("threads", {
+        f"default strategy, {n} intra-op threads (TensorFlow's default)": lambda: b.train(*e),
+        "default strategy, 1 intra-op thread": lambda: b.train(*e, env={"TF_NUM_INTRAOP_THREADS": "1"}),
+        f"multi_worker_mirrored 2 workers, {max(1, n // 2)} thread(s) each (default)": lambda: b.train(*e, *mwms),
+        f"multi_worker_mirrored 2 workers, {n} threads each": lambda: b.train(*e, *mwms, f"cluster.threads_per_worker={n}"),
+        f"parameter_server 2 workers, {max(1, n // 2)} thread(s) each (default)": lambda: b.train(*e, *ps),
+        f"parameter_server 2 workers, {n} threads each": lambda: b.train(*e, *ps, f"cluster.threads_per_worker={n}"),
+    })
+    labels = list(got)
+    for default, other in ((labels[0], labels[1]), (labels[2], labels[3]), (labels[4], labels[5])):
+        b.row("threads", f"{default} / {other.split(', ', 1)[1]}", ratios(got[default], got[other]), "x")
+
+
+def points(a: list, b: list) -> list:
+    return [100 * (x["test_accuracy"] - y["test_accuracy"]) for x, y in zip(a, b)]
+
+
+def cpu_features() -> str:
+    """What decides the fastest settings: AVX-512, native bfloat16, AMX, and TensorFlow's own oneDNN default."""
+    flags = next((set(line.split(":", 1)[1].split()) for line in open("/proc/cpuinfo") if line.startswith("flags")),
+                 set())
+    default_on = flags & {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}
+    have = lambda *names: "yes" if flags & set(names) else "no"  # noqa: E731
+    return (f"AVX-512 {have('avx512f')}, AVX512_BF16 {have('avx512_bf16')}, AMX {have('amx_tile', 'amx_bf16')}, "
+            f"TensorFlow's oneDNN default {'on' if default_on else 'off'}")
+
+
 def machine() -> str:
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                  platform.processor())
-    return f"{model}, {len(os.sched_getaffinity(0))} cores, Linux {platform.release()}, Python {platform.python_version()}"
+    return (f"{model} ({cpu_features()}), {len(os.sched_getaffinity(0))} cores, Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
 
 
 def main() -> None:
@@ -342,6 +411,8 @@ def main() -> None:
     unknown = set(opts.only.split(",")) - set(SECTIONS)
     if unknown:
         sys.exit(f"error: --only {','.join(sorted(unknown))} names no section: choose from {', '.join(SECTIONS)}")
+    if os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None) is not None:  # it would win over every run's own setting
+        print("note: TF_ENABLE_ONEDNN_OPTS ignored: the runs set oneDNN themselves (trainer.onednn)", flush=True)
     b = Bench(opts)
     print(f"machine: {machine()}; {opts.rounds} rounds; runs pinned to cores {sorted(opts.cores)}", flush=True)
     started = time.time()

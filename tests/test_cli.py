@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import RUN_TIMEOUT, TRAIN_PY, run_cli
+from distrain import cpu
 from distrain.errors import print_error
 
 def test_help_is_instant_and_lists_the_groups(tmp_path):
@@ -44,6 +45,11 @@ def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path):
     assert results["data_source"] == "bundled" and results["train_examples"] == 8000
     assert results["test_accuracy"] >= 0.975, results["test_accuracy"]
     assert "data: mnist from source bundled" in out.stdout  # the one line saying which source and why
+    # oneDNN by default on any x86 CPU without a GPU, where TensorFlow's own default is off on some
+    # (test_multiworker: off as asked; test_devices: the choice on other machines).
+    value, why = cpu.onednn_choice("auto")
+    on = {"1": True, "true": True, "0": False, "false": False}.get(value, bool(cpu.flags() & set(cpu.ONEDNN_DEFAULT_ON)))
+    assert results["onednn"] is on and f"cpu kernels: {'oneDNN' if on else 'Eigen, oneDNN off'} ({why})" in out.stdout
     assert "trainer:\n  epochs: 12" in out.stdout  # the resolved config at start
     assert "Epoch 12/12" in out.stdout and "Test accuracy" in out.stdout.splitlines()[-1]
     log = (run_dir / "logs" / "train.log").read_text()

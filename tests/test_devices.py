@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
+from distrain import cpu as cpu_lib
 from distrain import strategy as strategy_lib
 from distrain.config import ConfigError
 from distrain.strategy import compute_devices, configure_devices, precision_policy
@@ -33,11 +34,27 @@ def test_precision_follows_the_hardware(setting, gpus, cpu, policy):
 
 def test_this_machine_is_read():
     """The flags come from the real CPU (Linux): a parse that always found nothing would turn auto off."""
-    flags = strategy_lib.cpu_flags()
+    flags = cpu_lib.flags()
     assert {"fpu", "sse2"} <= flags
     expected = "mixed_bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32"
     assert precision_policy("auto", gpus=[])[0] == expected
     assert strategy_lib.gpu_capabilities() == []  # no GPU here: the lists above are the GPU cases
+
+
+@pytest.mark.parametrize("setting, env, cpu, machine, gpu, value, because", [
+    ("auto", {}, {"avx2", "fma"}, "x86_64", False, "1", "TensorFlow leaves them off"),  # AVX2-only EPYC
+    ("auto", {}, {"avx512f", "avx512_bf16"}, "x86_64", False, "1", "TensorFlow's default on this CPU (avx512_bf16)"),
+    ("auto", {}, {"avx2", "amx_tile"}, "x86_64", False, "1", "(amx_tile)"),
+    ("auto", {}, {"avx2"}, "aarch64", False, None, "TensorFlow's default on a aarch64 CPU"),
+    ("auto", {}, {"avx2"}, "x86_64", True, None, "TensorFlow's default on a machine with GPUs"),
+    (False, {}, {"avx512_bf16"}, "x86_64", False, "0", "trainer.onednn=false"),       # off is off, anywhere
+    (True, {}, {"avx2"}, "aarch64", True, "1", "trainer.onednn=true"),
+    (True, {cpu_lib.ONEDNN: "0"}, {"avx2"}, "x86_64", False, "0", "in the environment, which wins"),  # theirs
+    ("auto", {cpu_lib.ONEDNN: "1"}, {"avx2"}, "aarch64", False, "1", "in the environment, which wins"),
+])
+def test_onednn_is_chosen_before_tensorflow_starts(setting, env, cpu, machine, gpu, value, because):
+    chosen, why = cpu_lib.onednn_choice(setting, env, cpu, machine, gpu)
+    assert chosen == value and because in why
 
 
 @pytest.mark.parametrize("keys, devices", [

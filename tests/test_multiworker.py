@@ -45,9 +45,12 @@ def test_multi_worker_mirrored_two_workers_learn(tmp_path):
     evaluator."""
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "trainer.jit_compile=true",
-                  "cluster.evaluator=true", *SYNTHETIC_THREE_EPOCHS)
+                  "cluster.evaluator=true", "trainer.onednn=false", *SYNTHETIC_THREE_EPOCHS)
     assert out.returncode == 0, out.stdout[-4000:]
     results = json.loads((run_dir / "results.json").read_text())
+    # Every task, the fork server's children too, started TensorFlow as trainer.onednn says (on by
+    # default: test_cli's default run).
+    assert results["onednn"] is False and "cpu kernels: Eigen, oneDNN off (trainer.onednn=false)" in out.stdout
     assert (results["num_workers"], results["num_replicas"], results["num_ps"]) == (2, 2, 0)
     assert results["jit_compile"] is True and out.stdout.count("warning: trainer.jit_compile=true on a CPU") == 1
     assert 0 < results["seconds_to_first_step"] < RUN_TIMEOUT  # from the command's start, across processes
@@ -237,13 +240,15 @@ def test_tf_config_chief_and_worker_under_multi_worker_mirrored(tmp_path):
             "worker": [f"127.0.0.1:{portpicker.pick_unused_port()}"]}
     procs = {}
     for task_type in ("chief", "worker"):
-        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": task_type, "index": 0}})}
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": task_type, "index": 0}}),
+               "TF_ENABLE_ONEDNN_OPTS": "0"}  # the user's own choice, which wins over the config's
         procs[task_type] = start(tmp_path / task_type, "strategy=multi_worker_mirrored", "cluster=tf_config",
-                                 *BUNDLED_ONE_EPOCH, env=env)
+                                 "trainer.onednn=true", *BUNDLED_ONE_EPOCH, env=env)
     outs = {name: finish(proc) for name, proc in procs.items()}
     for name, proc in procs.items():
         assert proc.returncode == 0, outs[name][-4000:]
     results = json.loads((tmp_path / "chief" / "results.json").read_text())
+    assert results["onednn"] is False and "(TF_ENABLE_ONEDNN_OPTS=0 in the environment, which wins" in outs["chief"]
     assert (results["num_workers"], results["num_replicas"]) == (2, 2) and results["test_accuracy"] > 0.6
     assert not (tmp_path / "worker" / "results.json").exists()  # only the chief writes results
     for name in procs:

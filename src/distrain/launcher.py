@@ -21,7 +21,7 @@ import portpicker
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import data, report, schema
+from . import cpu, data, report, schema
 from .cluster import READY
 from .config import CLUSTER_STRATEGIES, ConfigError, checkpoint_dir, has_checkpoint, resumed, validate
 from .errors import print_error
@@ -394,16 +394,33 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         "config (also in %s):\n%s", config_path, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(config_path)]
 
-    if cfg.strategy.name not in CLUSTER_STRATEGIES:
-        return _finish(run_tasks([Task("train", argv)], run_dir, job=job), run_dir, job)
-    if cfg.cluster.name == "local":
-        return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job)
-    # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
-    log.info("this process is task %s:%d of %s", task.type, task.index, spec)
-    env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
-    return _finish(run_tasks([Task(task.name, argv, env, spec=task,
-                                   peer_timeout=coordinator_timeout(cfg, task.type))], run_dir,
-                             startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job)
+    with environment(cpu.onednn_env(cfg.trainer.onednn)):  # read by TensorFlow as each task starts
+        if cfg.strategy.name not in CLUSTER_STRATEGIES:
+            return _finish(run_tasks([Task("train", argv)], run_dir, job=job), run_dir, job)
+        if cfg.cluster.name == "local":
+            return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job)
+        # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
+        log.info("this process is task %s:%d of %s", task.type, task.index, spec)
+        env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
+        return _finish(run_tasks([Task(task.name, argv, env, spec=task,
+                                       peer_timeout=coordinator_timeout(cfg, task.type))], run_dir,
+                                 startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job)
+
+
+@contextlib.contextmanager
+def environment(values: dict):
+    """These variables in os.environ, which every task (and the fork server) inherits, for one run;
+    as they were after it (the next job of a sweep may choose otherwise)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager

@@ -90,6 +90,9 @@ class Trainer:
     mixed_precision: Any = key("auto", "true: mixed_float16 on GPUs, mixed_bfloat16 on CPUs; auto: the same where "
                                "the hardware does it natively (tensor cores; AVX512_BF16 or AMX), else float32",
                                one_of(False, True, "auto"))
+    onednn: Any = key("auto", "TensorFlow's oneDNN CPU kernels; auto: on for x86 CPUs without a GPU (TensorFlow "
+                      "itself leaves them off on CPUs without AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX); "
+                      "TF_ENABLE_ONEDNN_OPTS in the environment wins", one_of(False, True, "auto"))
     jit_compile: bool = key(False, "XLA-compile the forward and backward pass")
     tensorboard: bool = key(False, "TensorBoard logs in <run dir>/tensorboard")
     save_model: bool = key(True, "checkpoints (each epoch, and see below) + the SavedModel, in the run directory")

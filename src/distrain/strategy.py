@@ -1,6 +1,7 @@
 """Strategy name -> tf.distribute strategy, and the device set-up that must precede it."""
 import tensorflow as tf
 
+from . import cpu as cpu_lib
 from .config import ConfigError
 
 
@@ -51,15 +52,12 @@ def compute_devices(strategy_cfg, have: list[str] | None = None) -> list[str]:
     return [d for d in have if d.startswith(kind)] or ["/cpu:0"]
 
 
-NATIVE_BFLOAT16 = ("avx512_bf16", "amx_bf16")  # CPU flags of bfloat16 arithmetic in hardware (oneDNN uses them)
-
-
 def precision_policy(setting, gpus: list[tuple] | None = None, cpu: set[str] | None = None) -> tuple[str, str]:
     """The Keras dtype policy for trainer.mixed_precision (false, true or auto), and why.
     gpus: each GPU's compute capability, e.g. (8, 0); cpu: the CPU's feature flags. By default this
     machine's; a test passes its own."""
     gpus = gpu_capabilities() if gpus is None else gpus
-    cpu = cpu_flags() if cpu is None else cpu
+    cpu = cpu_lib.flags() if cpu is None else cpu
     if setting is False:
         return "float32", "trainer.mixed_precision=false"
     if gpus:  # float16 needs loss scaling; tensor cores (compute capability 7.0 and up) make it fast
@@ -68,20 +66,11 @@ def precision_policy(setting, gpus: list[tuple] | None = None, cpu: set[str] | N
                    + ", ".join(f"{a}.{b}" for a, b in gpus)
         return "float32", f"trainer.mixed_precision=auto: a GPU of compute capability {min(gpus)[0]}.{min(gpus)[1]} " \
                "has no tensor cores"
-    native = [flag for flag in NATIVE_BFLOAT16 if flag in cpu]
+    native = [flag for flag in cpu_lib.NATIVE_BFLOAT16 if flag in cpu]
     if setting is True or native:
         return "mixed_bfloat16", f"trainer.mixed_precision={str(setting).lower()}, " + \
             (f"the CPU has native bfloat16 ({', '.join(native)})" if native else "the CPU emulates bfloat16 (slow)")
     return "float32", "trainer.mixed_precision=auto: the CPU has no native bfloat16 (AVX512_BF16 or AMX)"
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); none where that cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
 
 
 def gpu_capabilities() -> list[tuple]:

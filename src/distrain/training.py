@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from . import cpu
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
 from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
@@ -26,6 +27,7 @@ def set_precision(t, announce: bool = False) -> str:
     keras.mixed_precision.set_global_policy(policy)
     if announce:
         print(f"precision: {policy} ({why})", flush=True)
+        print(cpu.onednn_line(), flush=True)
     if announce and t.jit_compile and not gpu_capabilities():
         print("warning: trainer.jit_compile=true on a CPU: XLA's CPU kernels run this model several times slower "
               "than TensorFlow's own (oneDNN), under plain Keras too (benchmarks/run.py measures it); XLA is for "
@@ -144,6 +146,7 @@ def train(cfg, run_dir: Path, strategy=None):
         "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
         "steps_per_execution": per_call,
         "precision_policy": policy,
+        "onednn": cpu.onednn_on(),
         "jit_compile": t.jit_compile,
         "data": label(cfg.data),
         "data_source": cfg.data.source,
