@@ -9,7 +9,7 @@ Every run is a fresh process on the bundled digits, pinned to the same cores (--
 is examples/s over the epochs after the first (tracing, warm-up), as train.py reports it.
 
 Writes benchmarks/results/benchmarks.json (every sample) and benchmarks/results/benchmarks.md (the
-table the README quotes, with the machine named).
+table benchmarks/README.md quotes, with the machine and its CPU features named).
 """
 import argparse
 import json

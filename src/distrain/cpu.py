@@ -46,7 +46,7 @@ def onednn_choice(setting, env=None, cpu: set[str] | None = None, machine: str |
     if native:
         return "1", f"trainer.onednn=auto: TensorFlow's default on this CPU ({', '.join(native)})"
     return "1", ("trainer.onednn=auto: TensorFlow leaves them off on CPUs without AVX512_VNNI, AVX512_BF16, "
-                 "AVX_VNNI or AMX, where they train about 1.5x faster; trainer.onednn=false for TensorFlow's own")
+                 "AVX_VNNI or AMX, where they measured 1.4-2.6x faster; trainer.onednn=false for TensorFlow's own")
 
 
 def onednn_env(setting) -> dict:
