@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import assert_nothing_left, in_process, run_cli
+from helpers import assert_nothing_left, in_process, run_cli
 
 QUICK = ["trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "data.download_timeout=0"]
 MWMS = ["strategy=multi_worker_mirrored"]

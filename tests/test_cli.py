@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import RUN_TIMEOUT, TRAIN_PY, run_cli
+from helpers import RUN_TIMEOUT, TRAIN_PY, run_cli
 from distrain import cpu
 from distrain.errors import print_error
 

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from distrain import cluster
-from distrain.config import ConfigError, validate
-from conftest import make_cfg
+from distrain.config import validate
+from distrain.errors import ConfigError
+from helpers import make_cfg
 
 SPEC = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221", "127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}
 
@@ -189,7 +190,7 @@ def test_tasks_start_the_usual_way_when_the_fork_server_cannot(tmp_path, caplog)
     """A fork server that dies at start (its imports failed): the task runs its own command instead,
     and the launcher says so, naming the server's log."""
     from distrain.forkserver import ForkServer
-    from distrain.launcher import Task
+    from distrain.supervisor import Task
 
     broken = [sys.executable, "-c", "import sys; sys.exit('ImportError: no tensorflow here')"]
     with ForkServer(tmp_path / "config.yaml", tmp_path / "logs" / "forkserver.log", wrap=lambda _: broken) as forks:
@@ -213,7 +214,7 @@ def _free_ports(n):
 def test_a_task_whose_peers_never_come_fails_in_bounded_time_naming_them(tmp_path, role):
     """cluster=manual: a multi_worker_mirrored worker whose peer never starts, and a parameter-server
     chief whose ps and worker are down, stop after cluster.startup_timeout naming the silent peers."""
-    from conftest import assert_nothing_left, run_cli
+    from helpers import assert_nothing_left, run_cli
 
     a, b, c = (f"127.0.0.1:{p}" for p in _free_ports(3))
     if role == "mwms-worker":

@@ -1,8 +1,9 @@
 """The real conf/ composes in every combination a user can name, and bad values fail fast."""
 import pytest
 
-from distrain.config import ConfigError, validate
-from conftest import CONF, make_cfg
+from distrain.config import validate
+from distrain.errors import ConfigError
+from helpers import CONF, make_cfg
 
 
 def options(group):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from distrain import data
-from distrain.config import ConfigError
-from conftest import make_cfg, write_idx
+from distrain.errors import ConfigError
+from helpers import make_cfg, write_idx
 
 PER_CLASS = [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]  # from the data README
 

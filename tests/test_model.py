@@ -1,9 +1,9 @@
 import pytest
 import tf_keras as keras
 
-from distrain.config import ConfigError
+from distrain.errors import ConfigError
 from distrain.model import build_model
-from conftest import make_cfg
+from helpers import make_cfg
 
 
 def test_mlp_is_the_classic_784_100_10_network():

@@ -18,7 +18,7 @@ import tf_keras as keras
 
 from distrain import data
 from distrain.training import train
-from conftest import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
+from helpers import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
                       wait_until, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes

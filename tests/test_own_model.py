@@ -8,9 +8,10 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from conftest import ROOT, assert_nothing_left, make_cfg, run_cli
+from helpers import ROOT, assert_nothing_left, make_cfg, run_cli
 from distrain import data
-from distrain.config import ConfigError, validate
+from distrain.config import validate
+from distrain.errors import ConfigError
 from distrain.model import build_model, check_model
 from distrain.training import train
 

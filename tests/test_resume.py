@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import assert_nothing_left, finish, in_process, kill_task, run_cli, small, start, wait_until
+from helpers import assert_nothing_left, finish, in_process, kill_task, run_cli, small, start, wait_until
 from distrain import training
-from distrain.config import ConfigError
+from distrain.errors import ConfigError
 from distrain.training import train
 
 pytestmark = pytest.mark.slow  # every test trains, most in processes of their own

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
+from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-local.sh"
 QUICK = ["data=synthetic", "data.train_examples=2048", "data.test_examples=256", "trainer.epochs=2",

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
-from distrain import cluster, launcher, sweep
+from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
+from distrain import cluster, supervisor, sweep
 
 TINY = ["data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
@@ -70,7 +70,8 @@ def test_a_sweep_ends_with_a_summary_table_and_a_scaling_plot(worker_sweep):
     assert is_png(sweep_dir / "scaling.png")
     assert all(is_png(sweep_dir / r["run_dir"] / "curves.png") for r in rows)
     # Sweep jobs' lines carry the job number (TensorFlow's start-up lines stay in the task logs: below).
-    assert "[#1 worker-1] " in out.stdout and "[#0] " in out.stdout
+    assert "[#1 worker-0] " in out.stdout and "[#0] " in out.stdout
+    assert "[#1 worker-1] " not in out.stdout  # the chief's progress only (test_a_quiet_task_shows_only_its_errors)
     # The resolved config goes to launcher.log, not to the terminal of every job.
     assert "cluster:\n  name: local" not in out.stdout + out.stderr
     assert "cluster:\n  name: local" in (sweep_dir / "0" / "launcher.log").read_text()
@@ -237,7 +238,7 @@ def test_tensorflow_startup_noise_goes_to_the_task_log_only(tmp_path, capfd):
     lines = ["oneDNN custom operations are on. You may see slightly different numerical results",
              "E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error",
              "Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826"]
-    task = launcher.Task("worker-1", [sys.executable, "-c", f"print({chr(10).join(lines)!r})"])
+    task = supervisor.Task("worker-1", [sys.executable, "-c", f"print({chr(10).join(lines)!r})"])
     task.start(tmp_path, prefix="[#1 worker-1] ")
     task.proc.wait(timeout=60)
     task._pump.join(timeout=10)
@@ -246,11 +247,24 @@ def test_tensorflow_startup_noise_goes_to_the_task_log_only(tmp_path, capfd):
     assert (tmp_path / "logs" / "worker-1.log").read_text() == "\n".join(lines) + "\n"  # the log: every line
 
 
+def test_a_quiet_task_shows_only_its_errors(tmp_path, capfd):
+    """A synchronous worker other than the chief: the same progress as the chief's, so only its
+    errors reach the terminal (the test above is the control: a task that is not quiet shows its line)."""
+    lines = ["Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826", "error: worker 1 failed: fix it"]
+    task = supervisor.Task("worker-1", [sys.executable, "-c", f"print({chr(10).join(lines)!r})"], quiet=True)
+    task.start(tmp_path, prefix="[worker-1] ")
+    task.proc.wait(timeout=60)
+    task._pump.join(timeout=10)
+    shown = capfd.readouterr()
+    assert shown.out == "" and shown.err == f"[worker-1] {lines[1]}\n"
+    assert (tmp_path / "logs" / "worker-1.log").read_text() == "\n".join(lines) + "\n"
+
+
 def test_tensorflow_startup_noise_is_recognised():
-    assert launcher.is_noise(b"E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error")
-    assert launcher.is_noise(b"WARNING: All log messages before absl::InitializeLog() is called are written")
-    assert not launcher.is_noise(b"Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826")
-    assert not launcher.is_noise(b"error: device /gpu:7 is not on this machine")
+    assert supervisor.is_noise(b"E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error")
+    assert supervisor.is_noise(b"WARNING: All log messages before absl::InitializeLog() is called are written")
+    assert not supervisor.is_noise(b"Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826")
+    assert not supervisor.is_noise(b"error: device /gpu:7 is not on this machine")
 
 
 def test_jobs_killed_before_they_record_their_end_are_marked_interrupted(tmp_path):

@@ -6,11 +6,11 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain.config import ConfigError
+from distrain.errors import ConfigError
 import distrain.strategy
 from distrain import training
 from distrain.training import train
-from conftest import small
+from helpers import small
 
 pytestmark = pytest.mark.slow  # every test trains (make test-fast leaves them out)
 

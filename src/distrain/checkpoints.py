@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from .config import ConfigError
+from .errors import ConfigError
 
 KEEP = 3  # checkpoints kept
 

@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import report, schema
-from .config import ConfigError, validate
-from .errors import print_error
+from .config import validate
+from .errors import ConfigError, print_error
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM

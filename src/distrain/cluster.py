@@ -19,10 +19,10 @@ from pathlib import Path
 
 import portpicker
 
-from .config import ConfigError
+from .errors import ConfigError
+from .schema import MWMS, PS
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
-READY = "ready at"  # a task prints "task TYPE:INDEX ready at ADDRESS (pid N)" once it is up
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,14 @@ def check_spec(spec: dict, strategy: str) -> dict:
             parse_address(address, f"{task_type} address")
     if len(spec.get("chief", [])) > 1:
         raise ConfigError("a cluster has at most one chief: list one address under chief")
-    if strategy == "parameter_server":
+    if strategy == PS:
         if not spec.get("ps"):
             raise ConfigError("strategy=parameter_server needs at least one ps task: "
                               "set cluster.ps=1 (local) or list ps addresses")
         if not spec.get("chief"):
             raise ConfigError("strategy=parameter_server needs a chief task (the coordinator that trains): "
                               "add cluster.chief_host (manual) or a chief entry in TF_CONFIG")
-    elif strategy == "multi_worker_mirrored" and spec.get("ps"):
+    elif strategy == MWMS and spec.get("ps"):
         raise ConfigError("strategy=multi_worker_mirrored takes no ps tasks: "
                           "drop them or use strategy=parameter_server")
     all_addresses = [a for t in ("chief", "worker", "ps", "evaluator") for a in spec.get(t, [])]
@@ -157,7 +157,7 @@ def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
     if cluster.workers and ntasks != need:
         raise ConfigError(f"cluster.workers={cluster.workers} makes {need} Slurm tasks with the others, but this "
                           f"step has {ntasks}: srun -n {need}, or drop cluster.workers to use every task")
-    if strategy == "parameter_server":
+    if strategy == PS:
         if cluster.ps < 1 or ntasks < need:
             roles = f"a chief, {max(cluster.ps, 1)} ps, a worker" + (", an evaluator" if evaluators else "")
             raise ConfigError(f"strategy=parameter_server with cluster.ps={cluster.ps} needs at least {need} Slurm "
@@ -198,7 +198,7 @@ def slurm_gpus(env=os.environ) -> dict:
 def slurm_tasks(cluster, strategy: str) -> int:
     """The Slurm tasks a run of cluster=slurm takes, given cluster.workers (else the fewest it can)."""
     workers = cluster.workers or 1
-    chief_and_ps = 1 + max(cluster.ps, 1) if strategy == "parameter_server" else 0
+    chief_and_ps = 1 + max(cluster.ps, 1) if strategy == PS else 0
     return chief_and_ps + workers + (1 if cluster.evaluator else 0)
 
 
@@ -227,7 +227,7 @@ def slurm_counts(tasks_per_node: str) -> list[int]:
 def local_spec(strategy: str, workers: int, ps: int, host: str = "127.0.0.1") -> dict:
     """A cluster on this machine, ports picked free. Parameter servers get a chief (the coordinator)."""
     counts = {"worker": workers}
-    if strategy == "parameter_server":
+    if strategy == PS:
         counts = {"chief": 1, "worker": workers, "ps": ps}
     spec = {t: [f"{host}:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in counts.items() if n}
     return check_spec(spec, strategy)

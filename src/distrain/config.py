@@ -9,10 +9,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from . import schema
-from .errors import ConfigError, Diverged, PeerLost  # noqa: F401 - where the other modules import them from
-
-CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
-
+from .errors import ConfigError
+from .schema import MWMS, PS, StrategyName
 
 # ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
 # (trainer.batch_size: ${distrain.mul:128,${cluster.workers}}) for weak-scaling sweeps.
@@ -21,9 +19,9 @@ OmegaConf.register_new_resolver("distrain.mul", lambda a, b: a * b, replace=True
 
 def configured_replicas(strategy: DictConfig, cluster: DictConfig):
     """Replicas implied by the config alone, or None when it depends on the GPUs present."""
-    if strategy.name in ("default", "one_device", "parameter_server"):
+    if strategy.name in (StrategyName.default, StrategyName.one_device, PS):
         return 1
-    if strategy.name == "multi_worker_mirrored":
+    if strategy.name == MWMS:
         # one replica per worker on CPUs; GPUs (or a cluster from TF_CONFIG) are counted by the task
         return cluster.workers if cluster.name == "local" and not strategy.get("devices") else None
     if strategy.get("devices"):
@@ -62,7 +60,7 @@ def validate(cfg: DictConfig) -> DictConfig:
             raise ConfigError(f"trainer.checkpoint_dir={t.checkpoint_dir} " + ("is a file" if blocker == directory
                               else f"lies under {blocker}, a file") + ": set trainer.checkpoint_dir to a "
                               "directory, or null for <run dir>/checkpoints")
-    if t.jit_compile and cfg.strategy.name == "parameter_server":
+    if t.jit_compile and cfg.strategy.name == PS:
         raise ConfigError("trainer.jit_compile=true cannot work under strategy=parameter_server: XLA cannot compile a "
                           "step whose variables live on ps tasks (TensorFlow's known XLA issue): set "
                           "trainer.jit_compile=false, or use strategy=multi_worker_mirrored")
@@ -83,9 +81,9 @@ def validate(cfg: DictConfig) -> DictConfig:
         if c.evaluator and not t.save_model:
             raise ConfigError("cluster.evaluator=true evaluates the checkpoints that trainer.save_model=true "
                               "writes: set trainer.save_model=true")
-        if cfg.strategy.name == "parameter_server" and c.ps < 1:
+        if cfg.strategy.name == PS and c.ps < 1:
             raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
-        tasks = c.workers + (c.ps if cfg.strategy.name == "parameter_server" else 0)
+        tasks = c.workers + (c.ps if cfg.strategy.name == PS else 0)
         if tasks > schema.MAX_PER_CORE * schema.CORES:
             raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps} is {tasks} tasks, more than "
                               f"{schema.MAX_PER_CORE} per core on this machine's {schema.CORES} cores: "

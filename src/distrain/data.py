@@ -19,7 +19,8 @@ import numpy as np
 
 from omegaconf import OmegaConf
 
-from .config import ConfigError, instantiate
+from .config import instantiate
+from .errors import ConfigError
 from .process import scratch
 from .schema import label, own_node
 

@@ -1,6 +1,8 @@
 """The errors that end a run with one line (exit status 2), not a traceback."""
 import sys
 
+from .protocol import error_line
+
 
 class ConfigError(Exception):
     """Bad input: the message is one line naming the problem and the fix."""
@@ -19,5 +21,5 @@ def print_error(message: str) -> None:
     """`error: MESSAGE` on stderr in one write. print() writes the text and its newline apart, and a
     line TensorFlow's threads log in between (a parameter-server coordinator logs each failed call
     while this line is printed) would join it, hiding it among their output."""
-    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.write(error_line(message) + "\n")
     sys.stderr.flush()

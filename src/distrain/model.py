@@ -4,7 +4,8 @@ import tensorflow as tf
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from .config import ConfigError, instantiate, reason
+from .config import instantiate, reason
+from .errors import ConfigError
 
 
 def cnn(input_shape, num_classes: int, dropout: float = 0.5, name: str = "cnn") -> keras.Model:

@@ -3,6 +3,8 @@ import json
 import os
 from pathlib import Path
 
+from . import schema
+
 RESULTS = "results.json"
 STATUS = "status.json"
 
@@ -42,6 +44,35 @@ def write_status(run_dir: Path, status: str, code: int, error: str = "", log_tai
     if job is not None:
         content.update(job=job.num, swept=job.swept)
     return write_json(Path(run_dir) / STATUS, content)
+
+
+def results(cfg, data, progress, test: list, facts: dict) -> dict:
+    """results.json: what ran (the config in brief, and `facts`: the strategy's replicas and workers, the
+    model's size, the precision and kernels), how fast (over the epochs after the first) and how well.
+    data: training.Data; progress: checkpoints.Progress; test: [loss, accuracy] on the test split."""
+    t, f, history, seconds = cfg.trainer, facts, progress.history, progress.epoch_seconds
+    found = {"strategy": cfg.strategy.name, "num_replicas": f["num_replicas"], "num_workers": f["num_workers"],
+             "num_ps": f["num_ps"], "devices": f["devices"], "model": schema.label(cfg.model),
+             "model_params": f["model_params"], "input_shape": list(data.shape), "num_classes": data.classes,
+             "model_outputs": f["model_outputs"], "optimizer": cfg.optimizer, "learning_rate": t.learning_rate,
+             "epochs": t.epochs, "global_batch_size": t.batch_size,
+             "per_replica_batch_size": f["per_replica_batch_size"], "steps_per_execution": f["steps_per_execution"],
+             "precision_policy": f["precision_policy"], "onednn": f["onednn"], "jit_compile": t.jit_compile,
+             "data": schema.label(cfg.data), "data_source": cfg.data.source, "train_examples": len(data.y_train),
+             "test_examples": len(data.y_test), "train_seconds": sum(seconds),
+             "seconds_to_first_step": f["seconds_to_first_step"], "epoch_seconds": seconds,
+             "examples_per_sec": throughput(data.steps * t.batch_size, seconds),
+             "steps_per_sec": throughput(data.steps, seconds), "global_steps": f["global_steps"],
+             "resumed_from_step": progress.resumed_from_step, "restarts": progress.restarts,
+             "test_accuracy": float(test[1]), "test_loss": float(test[0]), "final_train_loss": history["loss"][-1],
+             "history": history, "seed": t.seed}
+    return {**found, **facts}  # and the facts not named above: tensorflow_version, worker_steps
+
+
+def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
+    """Examples per second over the epochs after the first (all of them when there is only one)."""
+    timed = epoch_seconds[1:] or epoch_seconds
+    return examples_per_epoch * len(timed) / sum(timed)
 
 
 def seconds_since_start(moment: float | None) -> float | None:

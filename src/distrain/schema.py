@@ -71,6 +71,19 @@ class DataSource(StrEnum):  # str() and f-strings give the name
     synthetic = "synthetic"
 
 
+class StrategyName(StrEnum):  # the strategy group's options; compare names with these, not with strings
+    default = "default"
+    one_device = "one_device"
+    mirrored = "mirrored"
+    central_storage = "central_storage"
+    multi_worker_mirrored = "multi_worker_mirrored"
+    parameter_server = "parameter_server"
+
+
+MWMS, PS = StrategyName.multi_worker_mirrored, StrategyName.parameter_server
+CLUSTER_STRATEGIES = (MWMS, PS)  # the strategies whose tasks come from the cluster group
+
+
 class Communication(StrEnum):  # str() and f-strings give the name
     auto = "auto"
     ring = "ring"

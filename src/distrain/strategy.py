@@ -2,7 +2,8 @@
 import tensorflow as tf
 
 from . import cpu as cpu_lib
-from .config import ConfigError
+from .errors import ConfigError
+from .schema import MWMS, PS, StrategyName
 
 
 def configure_devices(strategy_cfg, gpus=None) -> None:
@@ -82,16 +83,16 @@ def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distrib
     """Cluster strategies read this task's place in the cluster from TF_CONFIG (the launcher sets it).
     peer_timeout: seconds after which a multi-worker mirrored peer that stopped answering fails the run."""
     name = strategy_cfg.name
-    if name == "default":
+    if name == StrategyName.default:
         return tf.distribute.get_strategy()
-    if name == "one_device":
+    if name == StrategyName.one_device:
         return tf.distribute.OneDeviceStrategy(_checked([strategy_cfg.device])[0])
-    if name == "mirrored":
+    if name == StrategyName.mirrored:
         return tf.distribute.MirroredStrategy(compute_devices(strategy_cfg))
-    if name == "central_storage":
+    if name == StrategyName.central_storage:
         return tf.distribute.experimental.CentralStorageStrategy(
             compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device])[0])
-    if name == "multi_worker_mirrored":
+    if name == MWMS:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         if peer_timeout:
             watch_heartbeats(resolver.cluster_spec(), peer_timeout)
@@ -99,7 +100,7 @@ def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distrib
                                  strategy_cfg.communication.upper())
         return tf.distribute.MultiWorkerMirroredStrategy(
             resolver, communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
-    if name == "parameter_server":
+    if name == PS:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         partitioner = None
         if strategy_cfg.variable_partitioner:

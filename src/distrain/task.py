@@ -15,10 +15,11 @@ from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import report
-from .config import CLUSTER_STRATEGIES, ConfigError, PeerLost
 from .data import unreadable_on_worker
-from .errors import print_error
+from .errors import ConfigError, PeerLost, print_error
 from .process import Preempted, Preemption, die_with_parent
+from .protocol import say_ready
+from .schema import CLUSTER_STRATEGIES, MWMS, PS
 
 
 def main(argv=None) -> int:
@@ -33,20 +34,19 @@ def main(argv=None) -> int:
             if task.type == "evaluator":
                 return evaluate(cfg, run_dir, task)
             cluster_lib.check_port_free(task)
-            if cfg.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
+            if cfg.strategy.name == PS and task.type in ("ps", "worker"):
                 return serve(task, spec if cfg.cluster.name == "slurm" else None, cfg.cluster.startup_timeout)
         # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
         from .strategy import configure_devices, is_chief, make_strategy
         from .training import train
 
-        if task and cfg.strategy.name == "parameter_server":  # the coordinator: up once its ps and workers are
+        if task and cfg.strategy.name == PS:  # the coordinator: up once its ps and workers are
             cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy, cfg.cluster.peer_timeout if task else None)
         if task:
-            print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})",
-                  flush=True)
-        Preemption.watch(strategy if cfg.strategy.name == "multi_worker_mirrored" else None)
+            say_ready(task)
+        Preemption.watch(strategy if cfg.strategy.name == MWMS else None)
         try:
             results, _ = train(cfg, run_dir, strategy)
         except Exception as exc:  # noqa: BLE001 - a lost peer or unreadable data is translated, else raised
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     if is_chief(strategy):
         report.write_results(run_dir, results)
         print(report.summary_line(results), flush=True)
-    if task and cfg.strategy.name == "parameter_server":  # the coordinator: all is written
+    if task and cfg.strategy.name == PS:  # the coordinator: all is written
         sys.stderr.flush()
         os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (training.KEPT)
     return 0
@@ -98,7 +98,7 @@ def evaluate(cfg, run_dir: Path, task) -> int:
     """The evaluator task: no server, no strategy; it reads the chief's checkpoints as they appear."""
     from .training import evaluate_checkpoints
 
-    print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})", flush=True)
+    say_ready(task)
     report.write_json(run_dir / "evaluation.json", evaluate_checkpoints(cfg, run_dir))
     return 0
 
@@ -112,7 +112,7 @@ def serve(task, spec: dict | None = None, startup_timeout: float = 0) -> int:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=task.type, task_index=task.index,
                                   protocol="grpc", start=True)
-    print(f"task {task.type}:{task.index} {cluster_lib.READY} {task.address} (pid {os.getpid()})", flush=True)
+    say_ready(task)
     if spec is None:
         server.join()  # until the launcher (or the user) stops this task
         return 0

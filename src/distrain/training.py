@@ -3,6 +3,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -11,11 +12,12 @@ import tf_keras as keras
 from . import cpu
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
-from .config import ConfigError, Diverged, check_batch_divides, checkpoint_dir
+from .config import check_batch_divides, checkpoint_dir
+from .errors import ConfigError, Diverged
 from .model import Crossentropy, build_model, check_model, compile_model, hits, make_optimizer
 from .process import Heartbeat, Preempted, Preemption, scratch
+from . import report
 from .report import seconds_since_start
-from .schema import label
 from .strategy import (cluster_size, cluster_spec, configure_devices, gpu_capabilities, is_chief, make_strategy,
                        precision_policy, replica_devices)
 
@@ -35,16 +37,23 @@ def set_precision(t, announce: bool = False) -> str:
     return policy
 
 
-def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
-    """Examples per second over the epochs after the first (all of them when there is only one)."""
-    timed = epoch_seconds[1:] or epoch_seconds
-    return examples_per_epoch * len(timed) / sum(timed)
-
-
 # The coordinator's functions, never deleted: deleting one removes it from every remote task, which
 # after a worker's restart takes seconds (12 s for a run's functions, measured); the coordinator's
 # process ends without (task.main).
 KEPT = []
+
+
+class Data(NamedTuple):
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: int
+    steps: int  # global steps an epoch
+
+    @property
+    def shape(self) -> tuple:
+        return self.x_train.shape[1:]
 
 
 def train(cfg, run_dir: Path, strategy=None):
@@ -53,123 +62,82 @@ def train(cfg, run_dir: Path, strategy=None):
     One loop for every strategy. An epoch is a series of calls to `train_steps`, a tf.function of a
     few training steps: synchronous strategies call it in every worker process alike (gradients are
     all-reduced inside the step); under parameter servers this process is the coordinator and
-    schedules the calls on whichever worker is free (asynchronous SGD).
+    schedules the calls on whichever worker is free (asynchronous SGD). The runner (make_runner) is
+    what differs.
     """
     if strategy is None:
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy)
-    t = cfg.trainer
-    asynchronous = isinstance(strategy, tf.distribute.ParameterServerStrategy)
-    policy = set_precision(t, announce=bool(t.verbose) and is_chief(strategy))
+    t, chief = cfg.trainer, is_chief(strategy)
+    policy = set_precision(t, announce=bool(t.verbose) and chief)
     keras.utils.set_random_seed(t.seed)
-    if not asynchronous:
-        check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
-    workers, ps = cluster_size(strategy)
-
-    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
-    shape, classes = x_train.shape[1:], data_lib.num_classes(cfg.data, (y_train, y_test))
-    steps = len(y_train) // t.batch_size
-    if steps == 0:
-        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
-                          f"examples: set trainer.batch_size={len(y_train)} or less")
-
+    data = load_data(cfg, strategy)
     with strategy.scope():
-        model = build_model(cfg.model, shape, classes)
-        probabilities = check_model(model, x_train, classes)
-        optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
-        optimizer.build(model.trainable_variables)
-    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, probabilities)
-    chief = is_chief(strategy)
+        model, optimizer, probabilities = build(cfg, data, policy)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
     out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()))
     saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir) if chief else out_dir / "checkpoints") \
         if t.save_model else None
-    progress = Progress()
-    if t.resume:  # every task reads the chief's checkpoints
-        progress = resume(saves or Checkpoints(model, optimizer, out_dir), checkpoint_dir(cfg, run_dir), steps)
-
-    if asynchronous:
-        print(placement_table(model.variables + optimizer.variables, ps), flush=True)
-        # An epoch ends at a join(): with too few functions per epoch, workers idle while the last ones
-        # finish. Keep at least 4 per worker.
-        per_call = max(1, min(t.steps_per_execution, steps // (4 * workers)))
-        runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, x_train, y_train, cfg),
-                             optimizer, workers)
-    else:
-        per_call = t.steps_per_execution
-        # Resumed, the data goes on from the batch after the last one trained: the batches an
-        # uninterrupted run would have seen.
-        dataset = distributed_train_dataset(strategy, x_train, y_train, cfg, skip=progress.epoch * steps + progress.step)
-        runner = SyncEpochs(strategy, train_steps, dataset, progress=t.verbose == 1)
-    if t.verbose:
-        print(f"{steps} steps per epoch, up to {per_call} per tf.function call", flush=True)
-
-    writer = tf.summary.create_file_writer(str(out_dir / "tensorboard" / "train")) if t.tensorboard else None
-    run_epochs(runner, progress, t, steps, per_call, saves, writer)
-    if writer:
-        writer.close()
-    if asynchronous:
-        runner.heartbeat.stop()
-        KEPT.append(runner)
-    history, epoch_seconds = progress.history, progress.epoch_seconds
-
-    global_steps = int(optimizer.iterations.numpy())
-    if asynchronous:  # evaluate and save a copy of the trained weights, here on the coordinator
-        trained, model = model, build_model(cfg.model, shape, classes)
-        check_model(model, x_train, classes)  # (builds a subclassed model's variables)
-        model.set_weights(trained.get_weights())
-        optimizer = make_optimizer(cfg.optimizer, t.learning_rate, policy)
+    progress = resume(saves or Checkpoints(model, optimizer, out_dir), checkpoint_dir(cfg, run_dir), data.steps) \
+        if t.resume else Progress()  # every task reads the chief's checkpoints
+    runner = make_runner(strategy, cfg, data, model, optimizer, probabilities, progress)
+    run_epochs(runner, progress, t, data.steps, saves, out_dir / "tensorboard" / "train" if t.tensorboard else None)
+    model, optimizer = runner.finish(model, rebuild=lambda: build(cfg, data, policy)[:2])
     compile_model(model, optimizer, t, probabilities)  # for evaluate(), and so that the SavedModel can train on
-    test_loss, test_accuracy = model.evaluate(data_lib.make_dataset(x_test, y_test, t.batch_size, seed=t.seed),
-                                              verbose=0)
+    test = model.evaluate(data_lib.make_dataset(data.x_test, data.y_test, t.batch_size, seed=t.seed), verbose=0)
     if t.save_model:
         save_model(model, out_dir / "saved_model")
     if not chief:
         shutil.rmtree(out_dir, ignore_errors=True)
+    return report.results(cfg, data, progress, test, runner.describe(t.batch_size) | about(model, probabilities, policy)), \
+        model
 
-    results = {
-        "strategy": cfg.strategy.name,
-        "num_replicas": strategy.num_replicas_in_sync * (workers if asynchronous else 1),
-        "num_workers": workers,
-        "num_ps": ps,
-        "devices": replica_devices(strategy),
-        "model": label(cfg.model),
-        "model_params": model.count_params(),
-        "input_shape": list(shape),
-        "num_classes": classes,
-        "model_outputs": "probabilities" if probabilities else "logits",
-        "optimizer": cfg.optimizer,
-        "learning_rate": t.learning_rate,
-        "epochs": t.epochs,
-        "global_batch_size": t.batch_size,
-        "per_replica_batch_size": t.batch_size // strategy.num_replicas_in_sync,
-        "steps_per_execution": per_call,
-        "precision_policy": policy,
-        "onednn": cpu.onednn_on(),
-        "jit_compile": t.jit_compile,
-        "data": label(cfg.data),
-        "data_source": cfg.data.source,
-        "train_examples": len(y_train),
-        "test_examples": len(y_test),
-        "train_seconds": sum(epoch_seconds),
-        "seconds_to_first_step": seconds_since_start(runner.first_step_at),
-        "epoch_seconds": epoch_seconds,
-        "examples_per_sec": throughput(steps * t.batch_size, epoch_seconds),
-        "steps_per_sec": throughput(steps, epoch_seconds),
-        "global_steps": global_steps,
-        "resumed_from_step": progress.resumed_from_step,
-        "restarts": progress.restarts,
-        "test_accuracy": float(test_accuracy),
-        "test_loss": float(test_loss),
-        "final_train_loss": history["loss"][-1],
-        "history": history,
-        "seed": t.seed,
-        "tensorflow_version": tf.__version__,
-    }
-    if asynchronous:
-        results["worker_steps"] = {str(i): n for i, n in enumerate(runner.worker_steps)}
-    return results, model
+
+def load_data(cfg, strategy) -> Data:
+    """The training and test arrays, checked against the batch and the replicas."""
+    t = cfg.trainer
+    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):  # (there: a batch per worker's step)
+        check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
+    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+    steps = len(y_train) // t.batch_size
+    if steps == 0:
+        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
+                          f"examples: set trainer.batch_size={len(y_train)} or less")
+    return Data(x_train, y_train, x_test, y_test, data_lib.num_classes(cfg.data, (y_train, y_test)), steps)
+
+
+def build(cfg, data: Data, policy: str) -> tuple:
+    """(model, optimizer, whether the model outputs probabilities), built in the current strategy's scope."""
+    model = build_model(cfg.model, data.shape, data.classes)
+    probabilities = check_model(model, data.x_train, data.classes)  # (builds a subclassed model's variables)
+    optimizer = make_optimizer(cfg.optimizer, cfg.trainer.learning_rate, policy)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer, probabilities
+
+
+def about(model, probabilities: bool, policy: str) -> dict:
+    """The model's size and outputs, and what it computed with (results.json)."""
+    return {"model_params": model.count_params(), "model_outputs": "probabilities" if probabilities else "logits",
+            "precision_policy": policy, "onednn": cpu.onednn_on(), "tensorflow_version": tf.__version__}
+
+
+def make_runner(strategy, cfg, data: Data, model, optimizer, probabilities: bool, progress: Progress):
+    """The epochs' runner for this strategy: AsyncEpochs (parameter servers) or SyncEpochs (the others)."""
+    t = cfg.trainer
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, probabilities)
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, data.x_train, data.y_train, cfg),
+                             model, optimizer, data.steps, t.steps_per_execution)
+    else:
+        # Resumed, the data goes on from the batch after the last one trained: the batches an
+        # uninterrupted run would have seen.
+        dataset = distributed_train_dataset(strategy, data.x_train, data.y_train, cfg,
+                                            skip=progress.epoch * data.steps + progress.step)
+        runner = SyncEpochs(strategy, train_steps, dataset, optimizer, t.steps_per_execution, progress=t.verbose == 1)
+    if t.verbose:
+        print(f"{data.steps} steps per epoch, up to {runner.per_call} per tf.function call", flush=True)
+    return runner
 
 
 def save_model(model, path: Path) -> None:
@@ -183,10 +151,11 @@ def save_model(model, path: Path) -> None:
               flush=True)
 
 
-def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, writer) -> None:
+def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path | None) -> None:
     """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
-    every epoch end and every t.checkpoint_every_steps global steps."""
+    every epoch end and every t.checkpoint_every_steps global steps; TensorBoard logs in log_dir."""
     history = progress.history
+    writer = tf.summary.create_file_writer(str(log_dir)) if log_dir else None
 
     def diverged(epoch: int, step: int):  # before any checkpoint of the diverged weights
         raise Diverged(f"the training loss became NaN or infinite in epoch {epoch + 1}, step {step} (global step "
@@ -198,7 +167,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
             print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
         start = time.perf_counter()
         runner.begin(steps, progress.step, progress.totals)
-        for calls in segments(progress.step, steps, per_call, t.checkpoint_every_steps, epoch * steps):
+        for calls in segments(progress.step, steps, runner.per_call, t.checkpoint_every_steps, epoch * steps):
             progress.step += runner.run(calls, on_nan=(lambda step, e=epoch: diverged(e, step)) if t.stop_on_nan
                                         else None, stop=Preemption.due)
             if saves and progress.step < steps:  # a checkpoint within the epoch (due, or preempted)
@@ -214,7 +183,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
         history["accuracy"].append(correct / examples)
         progress.epoch, progress.step, progress.totals, progress.seconds = epoch + 1, 0, [0.0, 0.0, 0.0], 0.0
         if t.verbose and not runner.progress:
-            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.describe(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
+            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.epoch_line(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
                   f"loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f}", flush=True)
         if saves:
             saves.save(progress, (epoch + 1) * steps)
@@ -224,6 +193,8 @@ def run_epochs(runner, progress: Progress, t, steps: int, per_call: int, saves, 
             with writer.as_default(step=epoch):
                 for name, values in history.items():
                     tf.summary.scalar(f"epoch_{name}", values[-1])
+    if writer:
+        writer.close()
 
 
 def make_train_steps(strategy, model, optimizer, jit_compile: bool, probabilities: bool = False):
@@ -272,9 +243,9 @@ class SyncEpochs:
 
     first_step_at = None  # time.time() when the first call returned
 
-    def __init__(self, strategy, train_steps, dataset, progress: bool):
+    def __init__(self, strategy, train_steps, dataset, optimizer, per_call: int, progress: bool):
         self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
-        self.progress = progress
+        self.optimizer, self.per_call, self.progress = optimizer, per_call, progress
 
     def begin(self, steps: int, done: int, carried: list) -> None:
         """An epoch of `steps` steps, `done` of them already (resumed), whose sums so far are `carried`."""
@@ -309,8 +280,19 @@ class SyncEpochs:
             self.bar.update(self.done, bar_values(totals), finalize=True)
         return totals
 
-    def describe(self, steps: int) -> str:
+    def epoch_line(self, steps: int) -> str:
         return f"{steps} steps"
+
+    def finish(self, model, rebuild) -> tuple:
+        """The trained model and its optimizer, to evaluate and save in this process: these."""
+        return model, self.optimizer
+
+    def describe(self, batch_size: int) -> dict:
+        replicas = self.strategy.num_replicas_in_sync
+        return {"num_replicas": replicas, "num_workers": cluster_size(self.strategy)[0], "num_ps": 0,
+                "devices": replica_devices(self.strategy), "per_replica_batch_size": batch_size // replicas,
+                "steps_per_execution": self.per_call, "global_steps": int(self.optimizer.iterations.numpy()),
+                "seconds_to_first_step": seconds_since_start(self.first_step_at)}
 
 
 def bar_values(totals) -> list:
@@ -333,7 +315,13 @@ class AsyncEpochs:
     progress = False
     first_step_at = None  # time.time() when the first call returned
 
-    def __init__(self, strategy, train_steps, dataset_fn, optimizer, workers: int):
+    def __init__(self, strategy, train_steps, dataset_fn, model, optimizer, steps: int, steps_per_execution: int):
+        self.strategy = strategy
+        workers, ps = cluster_size(strategy)
+        print(placement_table(model.variables + optimizer.variables, ps), flush=True)
+        # An epoch ends at a join(): with too few functions per epoch, workers idle while the last ones
+        # finish. Keep at least 4 per worker.
+        self.per_call = max(1, min(steps_per_execution, steps // (4 * workers)))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         # Kept for the run: a worker builds its dataset later, and again after a restart, from files
         # that dataset_fn may own (data.TemporaryIdx).
@@ -381,9 +369,27 @@ class AsyncEpochs:
 
     end = totals
 
-    def describe(self, steps: int) -> str:
+    def epoch_line(self, steps: int) -> str:
         per_worker = ", ".join(f"worker {i}: {n}" for i, n in enumerate(self.worker_steps))
         return f"global step {int(self.optimizer.iterations.numpy())} ({per_worker})"
+
+    def finish(self, model, rebuild) -> tuple:
+        """A copy of the trained model and a fresh optimizer here on the coordinator (rebuild() makes
+        them), to evaluate and save: the trained variables live on the ps tasks."""
+        self.heartbeat.stop()
+        KEPT.append(self)
+        local, optimizer = rebuild()
+        local.set_weights(model.get_weights())
+        return local, optimizer
+
+    def describe(self, batch_size: int) -> dict:
+        workers, ps = cluster_size(self.strategy)
+        replicas = self.strategy.num_replicas_in_sync  # per worker
+        return {"num_replicas": replicas * workers, "num_workers": workers, "num_ps": ps,
+                "devices": replica_devices(self.strategy), "per_replica_batch_size": batch_size // replicas,
+                "steps_per_execution": self.per_call, "global_steps": int(self.optimizer.iterations.numpy()),
+                "seconds_to_first_step": seconds_since_start(self.first_step_at),
+                "worker_steps": {str(i): n for i, n in enumerate(self.worker_steps)}}
 
 
 def distributed_train_dataset(strategy, images, labels, cfg, skip: int = 0):

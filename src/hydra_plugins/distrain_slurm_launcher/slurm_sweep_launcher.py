@@ -11,7 +11,8 @@ from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher, log
 
 from distrain import cluster as cluster_lib
-from distrain.config import CLUSTER_STRATEGIES, ConfigError
+from distrain.errors import ConfigError
+from distrain.schema import CLUSTER_STRATEGIES
 
 
 def job_tasks(cfg) -> int:

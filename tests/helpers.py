@@ -1,0 +1,114 @@
+"""What the tests share: the real config composed as train.py composes it, runs of train.py in a
+process of its own or in this one, and the checks that a run left nothing behind."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import distrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any TensorFlow import)
+from distrain import cli
+from distrain.data import write_idx  # noqa: F401  (for the tests)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+TRAIN_PY = ROOT / "train.py"
+# Subprocess runs must finish well inside this; a hang fails the test instead of the suite.
+RUN_TIMEOUT = 240
+
+
+def make_cfg(*overrides):
+    """The real config, composed as `python train.py OVERRIDES` would compose it."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def small(*overrides):
+    """A quick in-process run: synthetic data, one epoch, nothing saved, silent."""
+    return make_cfg("data=synthetic", "data.train_examples=1024", "data.test_examples=256",
+                    "trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=0",
+                    "trainer.save_model=false", *overrides)
+
+
+def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, env_extra=None, **kwargs):
+    """`python train.py ARGS` with its run directory at run_dir; never the network, never the user's cache."""
+    env = {**os.environ, "KERAS_HOME": str(run_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0",
+           **(env_extra or {})}
+    return subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=run_dir.parent,
+                          **kwargs)
+
+
+def in_process(tmp_path, monkeypatch, capfd, args, env_extra=None):
+    """`python train.py ARGS` in this process: what main() prints, and its exit status. For bad input
+    that fails before any task starts, this checks what a process of its own would, in a tenth of the
+    time (no interpreter and imports to start)."""
+    monkeypatch.chdir(tmp_path)
+    # Hydra's logging set-up would replace this test's capture of the output (pytest's handlers): not here.
+    monkeypatch.setattr(sys, "argv", ["train.py", "hydra/job_logging=none", "hydra/hydra_logging=none", *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main() adds the working directory
+    # (main() sets HYDRA_FULL_ERROR and DISTRAIN_STARTED in os.environ: set here, they are undone after.)
+    for name, value in {"HYDRA_FULL_ERROR": "0", "DISTRAIN_STARTED": str(time.time()),
+                        "KERAS_HOME": str(tmp_path / "keras_home"), **(env_extra or {})}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    out = capfd.readouterr()
+    return exited.value.code, out.out, out.err
+
+
+# Multi-process runs: start, wait, stop, and check that nothing is left behind.
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def task_pids(run_dir):
+    return [t["pid"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]]
+
+
+def kill_task(run_dir, name: str, sig=9) -> None:
+    """Send `sig` (SIGKILL) to one task of a local cluster, found in cluster.json."""
+    task = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == name)
+    os.kill(task["pid"], sig)
+
+
+def assert_nothing_left(run_dir):
+    """No process whose command line names run_dir (a run, a sweep, a test's tmp_path), nor any task
+    cluster.json lists, is still running."""
+    found = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    assert found == [], f"processes left behind: {found}"
+    if (run_dir / "cluster.json").exists():
+        assert not [pid for pid in task_pids(run_dir) if alive(pid)]
+
+
+def start(run_dir, *args, env=None):
+    return subprocess.Popen([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=run_dir.parent)
+
+
+def wait_until(predicate, proc, what, timeout=RUN_TIMEOUT, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
+def finish(proc, timeout=RUN_TIMEOUT):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return out
