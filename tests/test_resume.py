@@ -76,6 +76,30 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypat
     assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3
 
 
+def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path, monkeypatch, capfd):
+    """A full disk or a crash that cut the newest checkpoint short: the run goes on from the newest intact
+    one, saying so, and ends as an uninterrupted run does (resume is exact from any checkpoint)."""
+    config = ["trainer.save_model=true", "trainer.epochs=3", *SGD_MLP]  # 1024 // 64 = 16 steps an epoch
+    _, whole = train(small(*config), tmp_path / "whole")
+    crash_after(monkeypatch, 23)
+    with pytest.raises(Crash):
+        train(small(*config), tmp_path / "stopped")
+    monkeypatch.undo()
+    checkpoints = tmp_path / "stopped" / "checkpoints"
+    for data_file in checkpoints.glob("ckpt-20.data-*"):
+        data_file.write_bytes(data_file.read_bytes()[:100])
+    # The control: the newest checkpoint alone can no longer be read.
+    with pytest.raises(Exception):
+        weights(checkpoints / "ckpt-20")
+    capfd.readouterr()
+    results, resumed = train(small(*config, "trainer.resume=true"), tmp_path / "stopped")
+    said = capfd.readouterr().out
+    assert "warning: skipped unreadable checkpoint(s) ckpt-20 (" in said and "resuming from ckpt-16" in said
+    assert results["resumed_from_step"] == 16 and results["global_steps"] == 48
+    for a, b in zip(whole.get_weights(), resumed.get_weights()):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+
+
 def test_a_cnn_run_stopped_mid_epoch_resumes_soundly(tmp_path, monkeypatch):
     """Dropout draws new masks after a resume, so not bit for bit: from the checkpoint, to a sound end."""
     config = ["trainer.save_model=true", "trainer.epochs=3", "model=cnn", "trainer.checkpoint_every_steps=5"]

@@ -41,20 +41,29 @@ class Checkpoints:
         return self.manager.save(checkpoint_number=global_step)
 
     def restore(self, directory: Path) -> Progress:
-        """The latest checkpoint in `directory` into the model and optimizer; its training position.
-        A missing, corrupt or incompatible checkpoint is a ConfigError naming it."""
-        path = tf.train.latest_checkpoint(str(directory))
-        if path is None:
+        """The newest intact checkpoint in `directory` into the model and optimizer; its training position.
+        An unreadable newest checkpoint (truncated by a full disk or a crash) falls back to the older ones
+        kept, saying which it skipped; none at all, or none readable, is a ConfigError naming it."""
+        state = tf.train.get_checkpoint_state(str(directory))
+        paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        if not paths:
             raise ConfigError(f"trainer.resume=true but {directory} holds no checkpoint: "
                               "resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
-        try:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
-            progress = Progress(**json.loads(self.position.numpy().decode()))
-        except Exception as exc:  # noqa: BLE001 - truncated files fail in many ways; each is "cannot be resumed"
-            reason = str(exc).strip().splitlines()[0][:200]
-            raise ConfigError(f"checkpoint {path} cannot be resumed ({reason}): it is corrupt or from another "
-                              "model or optimizer; restore the run's own checkpoints or start a new run") from None
-        return progress
+        skipped = []
+        for path in paths:
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+                progress = Progress(**json.loads(self.position.numpy().decode()))
+            except Exception as exc:  # noqa: BLE001 - truncated files fail in many ways; each is "cannot be resumed"
+                skipped.append(f"{Path(path).name} ({str(exc).strip().splitlines()[0][:200]})")
+                continue
+            if skipped:
+                print(f"warning: skipped unreadable checkpoint(s) {'; '.join(skipped)}: resuming from "
+                      f"{Path(path).name}, the newest intact one", flush=True)
+            return progress
+        raise ConfigError(f"checkpoint {paths[0]} cannot be resumed ({skipped[0].partition(' (')[2][:-1]}), nor "
+                          f"can the {len(paths) - 1} older one(s) kept: they are corrupt or from another model or "
+                          "optimizer; restore the run's own checkpoints or start a new run")
 
 
 def resume(checkpoints: Checkpoints, directory: Path, steps_per_epoch: int) -> Progress:

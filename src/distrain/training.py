@@ -461,7 +461,10 @@ def evaluate_checkpoints(cfg, run_dir: Path) -> dict:
     for path in tf.train.checkpoints_iterator(str(directory)):  # each newest checkpoint, once
         try:
             tf.train.Checkpoint(model=model).restore(path).expect_partial()
-        except (tf.errors.NotFoundError, tf.errors.DataLossError):  # pruned before we got to it
+        except tf.errors.NotFoundError:  # pruned before we got to it
+            continue
+        except (tf.errors.OpError, ValueError) as exc:  # cut short (a full disk): the next one will do
+            print(f"evaluator: skipped {Path(path).name}, which cannot be read ({type(exc).__name__})", flush=True)
             continue
         position = read_position(path)
         if position is None:  # pruned before we got to it
