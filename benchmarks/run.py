@@ -12,6 +12,7 @@ Writes benchmarks/results/benchmarks.json (every sample) and benchmarks/results/
 table benchmarks/README.md quotes, with the machine and its CPU features named).
 """
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -384,9 +385,13 @@ def points(a: list, b: list) -> list:
 
 def cpu_features() -> str:
     """What decides the fastest settings: AVX-512, native bfloat16, AMX, and TensorFlow's own oneDNN default."""
-    flags = next((set(line.split(":", 1)[1].split()) for line in open("/proc/cpuinfo") if line.startswith("flags")),
-                 set())
-    default_on = flags & {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}
+    # distrain's own reading (src/distrain/cpu.py, standard library only), loaded without the package,
+    # whose import would change this process's environment, which every run inherits.
+    spec = importlib.util.spec_from_file_location("distrain_cpu", HERE.parent / "src" / "distrain" / "cpu.py")
+    cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu)
+    flags = cpu.flags()
+    default_on = flags & set(cpu.ONEDNN_DEFAULT_ON)
     have = lambda *names: "yes" if flags & set(names) else "no"  # noqa: E731
     return (f"AVX-512 {have('avx512f')}, AVX512_BF16 {have('avx512_bf16')}, AMX {have('amx_tile', 'amx_bf16')}, "
             f"TensorFlow's oneDNN default {'on' if default_on else 'off'}")

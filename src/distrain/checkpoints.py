@@ -55,13 +55,13 @@ class Checkpoints:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
                 progress = Progress(**json.loads(self.position.numpy().decode()))
             except Exception as exc:  # noqa: BLE001 - truncated files fail in many ways; each is "cannot be resumed"
-                skipped.append(f"{Path(path).name} ({str(exc).strip().splitlines()[0][:200]})")
+                skipped.append((Path(path).name, str(exc).strip().splitlines()[0][:200]))
                 continue
             if skipped:
-                print(f"warning: skipped unreadable checkpoint(s) {'; '.join(skipped)}: resuming from "
-                      f"{Path(path).name}, the newest intact one", flush=True)
+                print(f"warning: skipped unreadable checkpoint(s) {'; '.join(f'{n} ({why})' for n, why in skipped)}: "
+                      f"resuming from {Path(path).name}, the newest intact one", flush=True)
             return progress
-        raise ConfigError(f"checkpoint {paths[0]} cannot be resumed ({skipped[0].partition(' (')[2][:-1]}), nor "
+        raise ConfigError(f"checkpoint {paths[0]} cannot be resumed ({skipped[0][1]}), nor "
                           f"can the {len(paths) - 1} older one(s) kept: they are corrupt or from another model or "
                           "optimizer; restore the run's own checkpoints or start a new run")
 

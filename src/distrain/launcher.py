@@ -109,12 +109,8 @@ def environment(values: dict):
 @contextlib.contextmanager
 def scratch_dir():
     """A directory for the tasks' temporary files (process.scratch()), removed even if a task was killed."""
-    with tempfile.TemporaryDirectory(prefix="distrain-scratch-") as path:
-        os.environ[SCRATCH] = path
-        try:
-            yield path
-        finally:
-            os.environ.pop(SCRATCH, None)
+    with tempfile.TemporaryDirectory(prefix="distrain-scratch-") as path, environment({SCRATCH: path}):
+        yield path
 
 
 def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) -> Outcome:

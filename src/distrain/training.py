@@ -9,14 +9,13 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from . import cpu
+from . import cpu, report
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, read_position, resume, segments
 from .config import check_batch_divides, checkpoint_dir
 from .errors import ConfigError, Diverged
 from .model import Crossentropy, build_model, check_model, compile_model, hits, make_optimizer
 from .process import Heartbeat, Preempted, Preemption, scratch
-from . import report
 from .report import seconds_since_start
 from .strategy import (cluster_size, cluster_spec, configure_devices, gpu_capabilities, is_chief, make_strategy,
                        precision_policy, replica_devices)
