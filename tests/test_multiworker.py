@@ -23,11 +23,12 @@ from helpers import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task,
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
-BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false"]
+BUNDLED_ONE_EPOCH = ["data.source=bundled", "trainer.epochs=1", "trainer.verbose=2", "trainer.save_model=false",
+                     "model=mlp"]
 
 
 SYNTHETIC_THREE_EPOCHS = ["data=synthetic", "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=3",
-                          "trainer.verbose=2"]  # 1024 // 128 = 8 steps an epoch
+                          "trainer.verbose=2", "model=mlp"]  # 1024 // 128 = 8 steps an epoch
 
 
 def check_evaluations(run_dir, out, last="ckpt-24"):

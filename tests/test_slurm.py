@@ -15,7 +15,7 @@ import pytest
 from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-local.sh"
-QUICK = ["data=synthetic", "data.train_examples=2048", "data.test_examples=256", "trainer.epochs=2",
+QUICK = ["model=mlp", "data=synthetic", "data.train_examples=2048", "data.test_examples=256", "trainer.epochs=2",
          "trainer.batch_size=64", "trainer.verbose=2"]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]  # every test starts a Slurm and runs on it
@@ -48,16 +48,6 @@ def run_dir_of(tmp_path) -> Path:
     return run_dir
 
 
-def test_multi_worker_mirrored_on_two_slurm_tasks_learns(tmp_path):
-    out = srun(tmp_path, 2, "strategy=multi_worker_mirrored", "cluster=slurm", *QUICK)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    run_dir = run_dir_of(tmp_path)
-    results = json.loads((run_dir / "results.json").read_text())
-    assert results["num_workers"] == 2 and results["test_accuracy"] > 0.5
-    assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
-    assert_nothing_left(tmp_path)
-
-
 def test_too_few_slurm_tasks_for_the_strategy_is_one_line(tmp_path):
     out = srun(tmp_path, 2, "strategy=parameter_server", "cluster=slurm", "cluster.ps=1", *QUICK, timeout=120)
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
@@ -69,7 +59,7 @@ def test_too_few_slurm_tasks_for_the_strategy_is_one_line(tmp_path):
 
 def test_the_parameter_server_sbatch_example_learns_and_its_step_ends(tmp_path):
     """As a user submits it, from the repository with its environment active (the venv's python). Its
-    multi_worker_mirrored sibling differs only in the strategy (tested above with srun)."""
+    multi_worker_mirrored sibling differs only in the strategy (the requeued job below)."""
     strategy = "parameter_server"
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -113,15 +103,16 @@ def test_a_sweep_over_worker_counts_asks_slurm_for_each_jobs_tasks(tmp_path):
 
 
 def test_a_requeued_job_goes_on_from_its_checkpoint(tmp_path):
-    """scontrol requeue (as preemption does): srun passes SIGTERM on, the workers checkpoint the step they
-    agree on, and the job, started again under the same job id, resumes there (trainer.resume=auto)."""
+    """The multi_worker_mirrored sbatch example, on 2 Slurm tasks; scontrol requeue (as preemption does):
+    srun passes SIGTERM on, the workers checkpoint the step they agree on, and the job, started again
+    under the same job id, resumes there (trainer.resume=auto)."""
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     job_id = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out",
                              str(SCRIPT.parent / "slurm" / "multi_worker_mirrored.sbatch"), f"hydra.run.dir={run_dir}",
-                             *QUICK[:-3], "data.train_examples=4096", "trainer.epochs=6", "trainer.verbose=2",
-                             "trainer.checkpoint_every_steps=8"],  # 32 steps an epoch: requeued early in epoch 1
+                             *QUICK[1:-3], "data.train_examples=4096", "trainer.epochs=6", "trainer.verbose=2",
+                             "model=cnn", "trainer.checkpoint_every_steps=8"],  # 32 slower steps an epoch: requeued early
                             capture_output=True, text=True, timeout=60, cwd=TRAIN_PY.parent, env=env,
                             check=True).stdout.strip().split(";")[0]
     try:
@@ -146,4 +137,6 @@ def test_a_requeued_job_goes_on_from_its_checkpoint(tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     assert results["restarts"] == 1 and 0 < results["resumed_from_step"] < 6 * 32
     assert len(results["history"]["loss"]) == 6 and results["test_accuracy"] > 0.5
+    assert results["num_workers"] == 2
+    assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
     assert_nothing_left(tmp_path)

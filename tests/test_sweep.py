@@ -18,7 +18,7 @@ import yaml
 from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
 from distrain import cluster, supervisor, sweep
 
-TINY = ["data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
+TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
 PNG = b"\x89PNG\r\n\x1a\n"
 DISTRAIN = str(Path(sys.executable).parent / "distrain")  # the installed command

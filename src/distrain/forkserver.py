@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .process import die_with_parent
+from .process import die_with_parent, exit_now
 
 READY_TIMEOUT = 60.0  # seconds for the server's imports, however loaded the machine
 
@@ -214,4 +214,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when tasks stop
     # Its command line names the run's config, as each task's does (`ps` tells the runs apart).
     forked = serve(int(sys.argv[2]))
-    sys.exit(become_task(sys.argv[1], *forked) if forked else 0)
+    exit_now(become_task(sys.argv[1], *forked) if forked else 0)  # the server too: it has nothing to save

@@ -17,7 +17,7 @@ from . import cluster as cluster_lib
 from . import report
 from .data import unreadable_on_worker
 from .errors import ConfigError, PeerLost, print_error
-from .process import Preempted, Preemption, die_with_parent
+from .process import Preempted, Preemption, die_with_parent, exit_now
 from .protocol import say_ready
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
 
@@ -131,4 +131,4 @@ def serve(task, spec: dict | None = None, startup_timeout: float = 0) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
