@@ -100,6 +100,12 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path, mo
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
 
 
+def test_keep_checkpoints_keeps_the_newest_ones(tmp_path):
+    """(3 by default: test_cli's default run.)"""
+    train(small("trainer.save_model=true", "trainer.keep_checkpoints=2", *SGD_MLP), tmp_path)  # 16 steps, every 5
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.index")) == ["ckpt-15.index", "ckpt-16.index"]
+
+
 def test_a_cnn_run_stopped_mid_epoch_resumes_soundly(tmp_path, monkeypatch):
     """Dropout draws new masks after a resume, so not bit for bit: from the checkpoint, to a sound end."""
     config = ["trainer.save_model=true", "trainer.epochs=3", "model=cnn", "trainer.checkpoint_every_steps=5"]

@@ -13,9 +13,6 @@ import tensorflow as tf
 
 from .errors import ConfigError
 
-KEEP = 3  # checkpoints kept
-
-
 @dataclass
 class Progress:
     """Where training stands: epochs finished, steps of the current epoch finished, that epoch's
@@ -31,7 +28,7 @@ class Progress:
 
 
 class Checkpoints:
-    def __init__(self, model, optimizer, directory: Path, keep: int = KEEP):
+    def __init__(self, model, optimizer, directory: Path, keep: int = 1):
         self.position = tf.Variable("", dtype=tf.string, trainable=False)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, progress=self.position)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=keep)

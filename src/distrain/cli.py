@@ -3,6 +3,7 @@
 `distrain summarize DIR` (re)builds the summary of a sweep directory.
 """
 import difflib
+import logging
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import report, schema
+from . import report, schema, storage
 from .config import validate
 from .errors import ConfigError, print_error
 
@@ -175,6 +176,7 @@ def main() -> None:
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
     # HYDRA_FULL_ERROR=1 gets the traceback instead.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    logging.raiseExceptions = False  # a log file that cannot be written (a full disk): no traceback per line
     os.environ["HYDRA_FULL_ERROR"] = "1"
     flags, overrides = _flags_first(sys.argv[1:])
     sys.argv[1:] = flags + overrides
@@ -194,8 +196,15 @@ def main() -> None:
     except OSError as exc:  # Hydra could not create the run directory, or we could not write in it
         if full_error:
             raise
-        print_error(f"the run directory cannot be created or written ({exc.strerror}: {exc.filename}): "
-                    "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write")
+        if storage.is_full(exc):
+            named = [o.split("=", 1)[1] for o in overrides if o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+            where = exc.filename or (named or ["."])[-1]  # (Hydra's own writes name no file)
+            print_error(f"the disk holding {os.path.abspath(where)} is full (the filesystem at "
+                        f"{storage.mount_point(where)}): free space, or set hydra.run.dir (hydra.sweep.dir for "
+                        "sweeps) to a larger disk")
+        else:
+            print_error(f"the run directory cannot be created or written ({exc.strerror}: {exc.filename}): "
+                        "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write")
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside a job (between the jobs of a sweep, or joblib's): no traceback
         sweep = sys.modules.get("distrain.sweep")  # a sweep under way imported it

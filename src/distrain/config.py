@@ -154,7 +154,7 @@ def check_batch_divides(batch_size: int, replicas) -> None:
 
 
 # What a resumed run may change: train longer, show more or less.
-RESUME_MAY_CHANGE = ("trainer.epochs", "trainer.verbose", "trainer.resume")
+RESUME_MAY_CHANGE = ("trainer.epochs", "trainer.verbose", "trainer.resume", "trainer.keep_checkpoints")
 
 
 def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
@@ -174,13 +174,23 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     if saved is None:
         raise ConfigError(f"trainer.resume=true but {run_dir} holds no earlier run (no config.yaml): "
                           "set hydra.run.dir to the run directory to resume, e.g. outputs/DATE/TIME")
-    changes = {}
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key.startswith("hydra"):
-            continue
+    check_same_run(cfg, saved_path, overrides)
+    merged = OmegaConf.merge(saved, {"trainer": {"resume": True}})
+    for key in _keys(overrides):
         if key in RESUME_MAY_CHANGE:
-            changes[key] = OmegaConf.select(cfg, key)
+            OmegaConf.update(merged, key, OmegaConf.select(cfg, key))
+    if not has_checkpoint(merged, run_dir):
+        raise ConfigError(f"trainer.resume=true but {checkpoint_dir(merged, run_dir)} holds no checkpoint to resume "
+                          "from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
+    return merged
+
+
+def check_same_run(cfg: DictConfig, saved_path: Path, overrides: list) -> None:
+    """A ConfigError if one of this command's overrides contradicts the run whose config is at saved_path
+    (but for the keys a resume may change)."""
+    saved = OmegaConf.load(saved_path)
+    for override, key in zip(overrides, _keys(overrides)):
+        if key.startswith("hydra") or key in RESUME_MAY_CHANGE:
             continue
         mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(saved, key)
         if isinstance(mine, DictConfig):  # a group choice such as model=mlp: compare the options' names
@@ -188,13 +198,10 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
         if mine != theirs:
             raise ConfigError(f"{override} contradicts the run being resumed, which has {theirs!r} there "
                               f"({saved_path}): drop the override, or start a new run without trainer.resume")
-    merged = OmegaConf.merge(saved, {"trainer": {"resume": True}})
-    for key, value in changes.items():
-        OmegaConf.update(merged, key, value)
-    if not has_checkpoint(merged, run_dir):
-        raise ConfigError(f"trainer.resume=true but {checkpoint_dir(merged, run_dir)} holds no checkpoint to resume "
-                          "from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
-    return merged
+
+
+def _keys(overrides: list) -> list:
+    return [override.split("=", 1)[0].lstrip("+~") for override in overrides]
 
 
 def checkpoint_dir(cfg: DictConfig, run_dir: Path) -> Path:

@@ -19,6 +19,7 @@ import numpy as np
 
 from omegaconf import OmegaConf
 
+from . import storage
 from .config import instantiate
 from .errors import ConfigError
 from .process import scratch
@@ -271,7 +272,7 @@ def write_idx(path: Path, array, compress: bool = False) -> None:
     if compress:
         path, raw = path.with_name(path.name + ".gz"), gzip.compress(raw)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(raw)
+    storage.write_text(path, raw)
 
 
 def idx_header(path: Path) -> tuple[int, np.dtype]:

@@ -11,15 +11,17 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import portpicker
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import cpu, data, report, schema
-from .config import checkpoint_dir, has_checkpoint, resumed, validate
+from . import cpu, data, report, schema, storage
+from .config import check_same_run, checkpoint_dir, has_checkpoint, resumed, validate
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
 from .process import SCRATCH
@@ -40,11 +42,45 @@ class Job:
         return f"#{self.num}" + (f" ({self.swept})" if self.swept else "")
 
 
+class KeepEarlierRuns(Callback):
+    """Hydra callback (conf/config.yaml): a run into a directory that holds a run, or a sweep into one
+    that holds a sweep, is refused before Hydra writes anything there, unless trainer.resume says to go
+    on with it. (Hydra's default directories, named by the clock, never hold one.)"""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        run_dir = Path(config.hydra.run.dir)
+        earlier = report.earlier_run(run_dir)
+        if earlier is None or config.trainer.resume:
+            return
+        if config.strategy.name in CLUSTER_STRATEGIES and config.cluster.name != "local" and \
+                report.ended(run_dir) in (None, "running"):
+            return  # the tasks of a real cluster may share a run directory, which each starts
+        _refuse(f"hydra.run.dir={run_dir} holds a run already, which {earlier}: go on with it with "
+                f"trainer.resume=true, set another hydra.run.dir, or remove {run_dir}")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = [path.parent for path in sweep_dir.glob("*/config.yaml")]
+        if jobs and not config.trainer.resume:
+            ends = Counter(report.ended(job) or "unrecorded" for job in jobs)
+            _refuse(f"hydra.sweep.dir={sweep_dir} holds a sweep already ({len(jobs)} job(s): "
+                    f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
+                    f"trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove {sweep_dir}")
+
+
+def _refuse(error: str):
+    """Stop the command (a callback's exceptions are only warnings to Hydra)."""
+    print_error(error)
+    sys.exit(2)
+
+
 def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     """Check the config, settle the data source, record the config, run the task(s). Exit status.
 
     `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
     config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
+    if cfg.trainer.resume == "auto" and report.ended(run_dir) == "ok":
+        return _keep(cfg, run_dir, job, overrides)
     if job:  # a job's start-up is timed from its own start (results.json: seconds_to_first_step)
         os.environ["DISTRAIN_STARTED"] = str(time.time())
         # Before anything can interrupt it: a sweep's process that is killed before it records how its
@@ -67,12 +103,11 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
             data.check_files(cfg.data)
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
+        config_path = _write_config(cfg, run_dir)
     except ConfigError as exc:
         print_error(str(exc))
         return _finish(Outcome(2, "failed", error_line(exc)), run_dir, job)
     log.info("data: %s from source %s (%s)", schema.label(cfg.data), source, why)
-    config_path = run_dir / "config.yaml"
-    report.write_text(config_path, OmegaConf.to_yaml(cfg, resolve=True))  # whole, though every task writes it
     (logging.getLogger("distrain.config") if job else log).info(
         "config (also in %s):\n%s", config_path, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(config_path)]
@@ -147,14 +182,18 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
                 def write_cluster_json(status: str):
                     state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
                              "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}
-                    report.write_json(run_dir / "cluster.json", state)
+                    storage.record(report.write_json, run_dir / "cluster.json", state)
 
                 outcome = run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
                                     job=job, restarts=restarts)
                 if not outcome.restart:
                     _record_restarts(run_dir, restarts)
                     return outcome
-                cfg = _resuming(cfg, run_dir)
+                try:
+                    cfg = _resuming(cfg, run_dir)
+                except ConfigError as exc:  # (a full disk)
+                    print_error(str(exc))
+                    return Outcome(2, "failed", error_line(exc))
 
 
 def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) -> tuple[dict, list]:
@@ -185,13 +224,40 @@ def coordinator_timeout(cfg, task_type: str) -> float:
     return cfg.cluster.peer_timeout if cfg.strategy.name == PS and task_type == "chief" else 0
 
 
+def _keep(cfg, run_dir: Path, job: Job | None, overrides) -> int:
+    """trainer.resume=auto where the run ended ok: nothing to do (a rerun sweep's finished job), but to
+    say so; nothing is written there. The same run only: another's is refused in one line."""
+    try:
+        check_same_run(cfg, run_dir / "config.yaml", list(overrides))
+    except ConfigError as exc:
+        print_error(str(exc))
+        return 2
+    results = report.read_results(run_dir)
+    log.info("%s: kept (ok%s)%s", f"job {job}" if job else f"the run in {run_dir}",
+             f" - {report.short_line(results)}" if results else "",
+             "" if job else "; trainer.resume=true with more trainer.epochs trains it further")
+    return 0
+
+
+def _write_config(cfg, run_dir: Path) -> Path:
+    """The resolved config, which every task reads (written whole, though every task of a real cluster
+    writes it); a full disk is a ConfigError saying so."""
+    try:
+        return report.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    except OSError as exc:
+        if not storage.is_full(exc):
+            raise
+        raise ConfigError(storage.full_disk_line(run_dir, checkpoint_dir(cfg, run_dir) if cfg.trainer.save_model
+                                                 else None)) from exc
+
+
 def _resuming(cfg, run_dir: Path):
     """The config for a restarted cluster: resume from the latest checkpoint if there is one."""
     if not has_checkpoint(cfg, run_dir):
         log.warning("no checkpoint yet in %s: the cluster starts from the beginning", checkpoint_dir(cfg, run_dir))
         return cfg
     cfg = OmegaConf.merge(cfg, {"trainer": {"resume": True}})
-    report.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # what the restarted tasks read
+    _write_config(cfg, run_dir)  # what the restarted tasks read
     return cfg
 
 
@@ -199,7 +265,7 @@ def _record_restarts(run_dir: Path, restarts: Restarts) -> None:
     """The launcher's restarts, added to the chief's results.json."""
     results = report.read_results(run_dir)
     if results is not None and restarts.done:
-        report.write_results(run_dir, {**results, "task_restarts": restarts.done})
+        storage.record(report.write_json, run_dir / report.RESULTS, {**results, "task_restarts": restarts.done})
 
 
 def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:

@@ -12,9 +12,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 def _save(fig, path: Path) -> Path:
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)  # a reader never sees half a picture
+    try:
+        fig.savefig(tmp, dpi=100)
+        tmp.replace(path)  # a reader never sees half a picture
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return path
 
 

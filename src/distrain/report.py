@@ -3,17 +3,11 @@ import json
 import os
 from pathlib import Path
 
-from . import schema
+from . import schema, storage
+from .storage import write_text
 
 RESULTS = "results.json"
 STATUS = "status.json"
-
-
-def write_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # several tasks may write the same file
-    tmp.write_text(text)
-    os.replace(tmp, path)  # readers (sweep summaries, tests, a resume) never see half a file
-    return path
 
 
 def write_json(path: Path, content: dict) -> Path:
@@ -37,13 +31,33 @@ def read_results(run_dir: Path) -> dict | None:
     return read_json(Path(run_dir) / RESULTS)
 
 
-def write_status(run_dir: Path, status: str, code: int, error: str = "", log_tail=(), job=None) -> Path:
+def write_status(run_dir: Path, status: str, code: int, error: str = "", log_tail=(), job=None) -> None:
     """How the run ended: ok, failed or interrupted, its exit status, and for a failure its error line
     and the end of the failing task's log (what a sweep summary shows for a failed job)."""
     content = {"status": status, "exit_status": code, "error": error, "log_tail": list(log_tail)}
     if job is not None:
         content.update(job=job.num, swept=job.swept)
-    return write_json(Path(run_dir) / STATUS, content)
+    storage.record(write_json, Path(run_dir) / STATUS, content)  # (a full disk: said, not raised)
+
+
+def ended(run_dir: Path) -> str | None:
+    """How the run in run_dir ended, as its status.json says (ok, failed, interrupted; running if its
+    launcher was killed), or None if it recorded none."""
+    return (read_json(Path(run_dir) / STATUS) or {}).get("status")
+
+
+def earlier_run(run_dir: Path) -> str | None:
+    """The run in run_dir, in words ("ended ok at global step 744"), or None if none was started there."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        return None
+    status, results = ended(run_dir), read_results(run_dir) or {}
+    how = {"ok": "ended ok", "failed": "failed", "interrupted": "was interrupted", "restarting": "was restarting"}
+    words = how.get(status, "was stopped before it recorded how it ended")
+    if status == "ok" and "global_steps" in results:
+        words += f" at global step {results['global_steps']}, test accuracy {results['test_accuracy']:.2%}"
+    latest = storage.latest_checkpoint(run_dir / "checkpoints")
+    return words + (f"; its latest checkpoint is {latest}" if latest and status != "ok" else "")
 
 
 def results(cfg, data, progress, test: list, facts: dict) -> dict:

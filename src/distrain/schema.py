@@ -113,6 +113,8 @@ class Trainer:
                                       "ends only)", NOT_NEGATIVE)
     checkpoint_dir: Optional[str] = key(None, "null: <run dir>/checkpoints; on a real cluster, storage every "
                                         "task can read")
+    keep_checkpoints: int = key(3, "the newest N checkpoints are kept; a resume falls back to an older one when the "
+                                "newest cannot be read", POSITIVE)
     resume: Any = key(False, "true: go on from the latest checkpoint of the run in hydra.run.dir; auto: the "
                       "same if there is one, else start (for tasks an orchestrator restarts)",
                       one_of(False, True, "auto"))

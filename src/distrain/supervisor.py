@@ -48,7 +48,8 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"encountered the following error when processing", b"\t [[{{node ",
          b"MultiDeviceSaver.save.<locals>.tf_function_save",  # its checkpoints under parameter servers
          b"ERROR:tensorflow:Worker /job:worker/", b"Local rendezvous is aborting with status",
-         b"Device filters can only be specified when initializing")  # a worker lost, then back
+         b"Device filters can only be specified when initializing",  # a worker lost, then back
+         b"OP_REQUIRES failed at")  # an op's error, which the task says in its own words
 
 
 def is_noise(line: bytes) -> bool:
@@ -90,6 +91,19 @@ class Restarts:
                 "keeps dying") if self.done else why
 
 
+class FirstError:
+    """The first task of a run to say an error speaks for it: what the others say after it (a peer
+    lost because of it) goes to their logs only."""
+
+    def __init__(self):
+        self.task, self._lock = None, threading.Lock()
+
+    def may_say(self, task: str) -> bool:
+        with self._lock:
+            self.task = self.task or task
+            return self.task == task
+
+
 @dataclass
 class Task:
     """One child process. `name` prefixes its lines (when several share the terminal) and names its log.
@@ -107,6 +121,7 @@ class Task:
     essential: bool = True
     alone: bool = False
     quiet: bool = False
+    first_error: FirstError = field(default_factory=FirstError)  # shared by the tasks of one run
     spec: object = None  # the cluster.TaskSpec, for cluster tasks
     cores: set = None  # CPU affinity, when pinned
     proc: subprocess.Popen = None
@@ -153,7 +168,7 @@ class Task:
         the log only. The log keeps only the last state of lines redrawn with carriage returns."""
         out, pending, shown = sys.stdout.buffer, b"", 0  # shown: bytes of `pending` already on the terminal
         err = sys.stderr.buffer  # a task's "error: ..." line goes where errors go
-        with open(self.log_path, "ab" if self.restarts else "wb") as logfile:  # a restart goes on in the same log
+        with TaskLog(self.log_path, append=bool(self.restarts)) as logfile:  # a restart goes on in the same log
             if self.restarts:
                 logfile.write(f"--- restart {self.restarts} ---\n".encode())
             for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
@@ -165,9 +180,10 @@ class Task:
                         self.ready_after = self.ready_after or report.seconds_since_start(time.time())
                     logfile.write(last)
                     if is_error(last):
-                        out.flush()
-                        err.write((prefix or "").encode() + last)
-                        err.flush()
+                        if self.first_error.may_say(self.name):
+                            out.flush()
+                            err.write((prefix or "").encode() + last)
+                            err.flush()
                     elif prefix is not None:
                         if not (self.quiet or is_noise(last)):
                             out.write(prefix.encode() + last)
@@ -213,6 +229,45 @@ class Task:
                 "cores": sorted(self.cores) if self.cores else None,
                 "state": state, "restarts": self.restarts, "seconds_to_ready": self.ready_after,
                 "log": str(self.log_path)}
+
+
+class TaskLog:
+    """A task's log file whose writes never raise out of the thread that copies the task's output: the
+    first that fails (a full disk) is said once, and the task's lines still reach the terminal."""
+
+    def __init__(self, path: Path, append: bool):
+        self.path, self.file = path, None
+        self._do(lambda: setattr(self, "file", open(path, "ab" if append else "wb")))
+
+    def write(self, data: bytes) -> None:
+        if self.file:
+            self._do(lambda: self.file.write(data))
+
+    def flush(self) -> None:
+        if self.file:
+            self._do(self.file.flush)
+
+    def _do(self, action) -> None:
+        try:
+            action()
+        except OSError as exc:
+            log.warning("cannot write %s (%s): the task's lines are no longer kept there", self.path,
+                        exc.strerror or exc)
+            self.close()
+
+    def close(self) -> None:
+        file, self.file = self.file, None
+        if file:
+            try:
+                file.close()
+            except OSError:  # (its buffer could not be written either)
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _stopped(pid: int) -> bool:
@@ -262,7 +317,9 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
     seen, outcome = set(), Outcome(1, "failed")
     changed = on_change or (lambda status: None)
     try:
+        first_error = FirstError()
         for task in tasks:  # a prefix tells apart the lines of several tasks, or of a sweep's jobs
+            task.first_error = first_error
             names = ([f"#{job.num}"] if job else []) + ([task.name] if len(tasks) > 1 else [])
             task.start(run_dir, prefix=f"[{' '.join(names)}] " if names else None)
         changed("running")

@@ -36,7 +36,12 @@ class SweepSummary(Callback):
         SweepSummary.sweep_dir = Path(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        summary = summarize(Path(config.hydra.sweep.dir))
+        try:
+            summary = summarize(Path(config.hydra.sweep.dir))
+        except OSError as exc:  # (Hydra would only warn of it)
+            print_error(f"the sweep's summary cannot be written ({exc.strerror}: {exc.filename}): "
+                        f"free space, then `distrain summarize {config.hydra.sweep.dir}`")
+            sys.exit(1)
         if summary is not None and summary.failed:
             sys.exit(1)  # after the summary is written: the sweep as a whole did not succeed
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import report
+from . import report, storage
+from .config import checkpoint_dir
 from .data import unreadable_on_worker
 from .errors import ConfigError, PeerLost, print_error
 from .process import Preempted, Preemption, die_with_parent, exit_now
@@ -49,8 +50,11 @@ def main(argv=None) -> int:
         Preemption.watch(strategy if cfg.strategy.name == MWMS else None)
         try:
             results, _ = train(cfg, run_dir, strategy)
-        except Exception as exc:  # noqa: BLE001 - a lost peer or unreadable data is translated, else raised
-            raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or exc
+            if is_chief(strategy):
+                report.write_results(run_dir, results)
+        except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
+            raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or \
+                full_disk(exc, cfg, run_dir, clean=is_chief(strategy)) or exc
     except ConfigError as exc:
         print_error(str(exc))
         return 2
@@ -63,7 +67,6 @@ def main(argv=None) -> int:
         print(f"stopped by SIGTERM at global step {exc}: {saved}; go on with trainer.resume=true", flush=True)
         return 128 + signal.SIGTERM
     if is_chief(strategy):
-        report.write_results(run_dir, results)
         print(report.summary_line(results), flush=True)
     if task and cfg.strategy.name == PS:  # the coordinator: all is written
         sys.stderr.flush()
@@ -94,12 +97,28 @@ def lost_peer(exc: Exception, cfg) -> PeerLost | None:
     return None
 
 
+def full_disk(exc: Exception, cfg, run_dir: Path, clean: bool = False) -> ConfigError | None:
+    """A full disk, as one line saying what was kept; else None. clean: this task writes the run
+    directory (the chief), and removes the files the full disk cut short."""
+    if not storage.is_full(exc):
+        return None
+    checkpoints = checkpoint_dir(cfg, run_dir)
+    if clean:
+        storage.remove_partial(run_dir, checkpoints if cfg.trainer.checkpoint_dir else None)
+    return ConfigError(storage.full_disk_line(storage.where(exc, run_dir), checkpoints if cfg.trainer.save_model
+                                              else None))
+
+
 def evaluate(cfg, run_dir: Path, task) -> int:
     """The evaluator task: no server, no strategy; it reads the chief's checkpoints as they appear."""
     from .training import evaluate_checkpoints
 
     say_ready(task)
-    report.write_json(run_dir / "evaluation.json", evaluate_checkpoints(cfg, run_dir))
+    evaluations = evaluate_checkpoints(cfg, run_dir)
+    try:
+        report.write_json(run_dir / "evaluation.json", evaluations)
+    except OSError as exc:
+        raise full_disk(exc, cfg, run_dir) or exc
     return 0
 
 

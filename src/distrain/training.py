@@ -76,8 +76,8 @@ def train(cfg, run_dir: Path, strategy=None):
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
     out_dir = run_dir if chief else Path(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()))
-    saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir) if chief else out_dir / "checkpoints") \
-        if t.save_model else None
+    saves = Checkpoints(model, optimizer, checkpoint_dir(cfg, out_dir) if chief else out_dir / "checkpoints",
+                        t.keep_checkpoints) if t.save_model else None
     progress = resume(saves or Checkpoints(model, optimizer, out_dir), checkpoint_dir(cfg, run_dir), data.steps) \
         if t.resume else Progress()  # every task reads the chief's checkpoints
     runner = make_runner(strategy, cfg, data, model, optimizer, probabilities, progress)
