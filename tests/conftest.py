@@ -32,6 +32,7 @@ LONGEST_FIRST = ["test_multiworker",  # 309 s
                  "test_slurm",  # 160 s
                  "test_sweep",  # 122 s
                  "test_bad_input",  # 95 s
+                 "test_storage",  # 80 s
                  "test_own_model",  # 70 s
                  "test_training",  # 63 s
                  "test_cli"]  # 62 s; the others take seconds
