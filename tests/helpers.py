@@ -15,7 +15,7 @@ from distrain import cli
 from distrain.data import write_idx  # noqa: F401  (for the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+CONF = ROOT / "src" / "distrain" / "conf"
 TRAIN_PY = ROOT / "train.py"
 # Subprocess runs must finish well inside this; a hang fails the test instead of the suite.
 RUN_TIMEOUT = 240

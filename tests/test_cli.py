@@ -1,15 +1,17 @@
 """`python train.py` as a user runs it: a launcher process, a training child, results on disk."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import io
 import time
+import zipfile
 
 import pytest
 
-from helpers import RUN_TIMEOUT, TRAIN_PY, run_cli
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, run_cli
 from distrain import cpu
 from distrain.errors import print_error
 
@@ -113,3 +115,37 @@ def test_an_error_line_stays_whole_whatever_another_thread_writes(monkeypatch, s
     monkeypatch.setattr(sys, "stderr", stream)
     say("bad data: fix it")
     assert ("error: bad data: fix it\n" in stream.getvalue().splitlines(keepends=True)) is whole
+
+
+@pytest.mark.slow
+def test_the_wheel_runs_from_any_directory(tmp_path):
+    """`pip wheel` of a copy of the checkout, installed into a directory of its own (first on the path):
+    `distrain` runs in a directory with no checkout in sight, from the package's own configs and digits."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, checkout / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
+                            str(checkout)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("distrain-*.whl")
+    inside = zipfile.ZipFile(wheel).namelist()
+    assert {"distrain/conf/config.yaml", "distrain/conf/hydra/launcher/slurm.yaml", "distrain/data/mnist-10k.npz"
+            } <= set(inside), inside
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)
+    project = tmp_path / "project"
+    project.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "HYDRA_FULL_ERROR": "0"}
+    where = subprocess.run([sys.executable, "-c", "import distrain; print(distrain.__file__)"], cwd=project, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert where.stdout.strip() == str(site / "distrain" / "__init__.py")  # the wheel's, not the checkout's
+    out = subprocess.run([str(site / "bin" / "distrain"), "model=mlp", "trainer.epochs=1", "trainer.verbose=2",
+                          "trainer.save_model=false", "hydra.run.dir=run"], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((project / "run" / "results.json").read_text())
+    assert results["data_source"] == "bundled" and results["test_accuracy"] > 0.8
+    assert "data: mnist from source bundled" in out.stdout + out.stderr
+    assert_nothing_left(project)

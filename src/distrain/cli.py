@@ -21,7 +21,7 @@ from . import report, schema, storage
 from .config import validate
 from .errors import ConfigError, print_error
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")  # inside the package: an installed wheel has it
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM
 
 
@@ -61,9 +61,10 @@ def _help(root: DictConfig) -> str:
     keys = schema.describe(root)
     return f"""distrain: config-driven distributed training for TensorFlow.
 
-  python train.py [group=option ...] [key=value ...]     one run, e.g. strategy=mirrored
-  python train.py -m key=a,b ...                         a sweep: one run per value, then a summary
-  distrain summarize SWEEP_DIR                           (re)build a sweep's summary
+  distrain [group=option ...] [key=value ...]     one run, e.g. strategy=mirrored
+  distrain -m key=a,b ...                         a sweep: one run per value, then a summary
+  distrain summarize SWEEP_DIR                    (re)build a sweep's summary
+  (In a checkout, `python train.py` is the same as `distrain`.)
 
 == Groups (group=option) ==
 {groups}
