@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
+import yaml
 
 from helpers import ROOT, assert_nothing_left, make_cfg, run_cli
 from distrain import data
@@ -346,3 +347,37 @@ def test_the_worked_example_trains_from_its_own_directory(monkeypatch, tmp_path)
     assert results["input_shape"] == [8, 8, 1] and results["num_classes"] == 10
     assert results["train_examples"] + results["test_examples"] == 1797
     assert results["test_accuracy"] > 0.9  # chance is 0.1
+
+
+def test_a_users_config_dir_adds_options_to_every_group(user_dir):
+    """An experiment preset (`# @package _global_`), a trainer preset on the default, a cluster of the
+    user's own machines and a launcher preset are options of their groups, checked by the schema as the
+    built-in ones are; --help lists them, marked."""
+    conf = user_dir / "conf"
+    for group, name, text in [
+            ("experiment", "quick", "# @package _global_\ndefaults:\n  - override /trainer: fast\n  - override "
+                                    "/data: synthetic\ndata:\n  train_examples: 256\n"),
+            ("trainer", "fast", "defaults:\n  - default\nepochs: 2\nbatch_size: 32\n"),
+            ("cluster", "lab", "defaults:\n  - manual\nworker_hosts: [10.0.0.1:2222, 10.0.0.2:2222]\n"),
+            ("hydra/launcher", "pair", "defaults:\n  - joblib\nn_jobs: 3\n"),
+            ("trainer", "typo", "defaults:\n  - default\nepochz: 2\n")]:
+        (conf / group).mkdir(parents=True, exist_ok=True)
+        (conf / group / f"{name}.yaml").write_text(text)
+    unused = user_dir / "unused"
+    job = run_cli(unused, "--config-dir", "conf", "experiment=quick", "cluster=lab", "strategy=multi_worker_mirrored",
+                  "--cfg", "job", timeout=60)
+    assert job.returncode == 0, job.stderr[-2000:]
+    cfg = yaml.safe_load(job.stdout)
+    assert (cfg["trainer"]["epochs"], cfg["trainer"]["batch_size"], cfg["data"]["train_examples"]) == (2, 32, 256)
+    assert cfg["cluster"]["name"] == "manual" and cfg["cluster"]["worker_hosts"] == ["10.0.0.1:2222", "10.0.0.2:2222"]
+    launcher = run_cli(unused, "--config-dir", "conf", "hydra/launcher=pair", "--cfg", "hydra", timeout=60)
+    assert "JoblibLauncher" in launcher.stdout and "n_jobs: 3" in launcher.stdout, launcher.stderr[-2000:]
+    bad = run_cli(unused, "--config-dir", "conf", "trainer=typo", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.splitlines() == [
+        f"error: in {conf / 'trainer' / 'typo.yaml'}: trainer.epochz is not a key of trainer: set e.g. "
+        "trainer.epochs=12"], bad.stderr[-2000:]
+    shown = run_cli(unused, "--config-dir", "conf", "--help", timeout=60).stdout
+    assert "  trainer: default, fast (yours), typo (yours)\n" in shown
+    assert "  experiment: quick (yours), scaling_async, scaling_sync, strategies\n" in shown
+    assert "  model: cnn, mine (yours), mlp\n" in shown and "  hydra/launcher: pair (yours), slurm\n" in shown
+    assert not unused.exists()

@@ -5,6 +5,7 @@
 import difflib
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -53,11 +54,18 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     return results["test_accuracy"] if results else None
 
 
+OWN_DIRS = []  # the user's config directories (--config-dir, hydra.searchpath=[file://...]), set by main()
+
+
 def _help(root: DictConfig) -> str:
-    """`--help`: how to run, the groups and their options, and every key with its value, type and meaning."""
-    dirs = [g for g in sorted(Path(CONFIG_DIR).glob("*/**/")) if any(g.glob("*.yaml"))]  # hydra/launcher too
-    groups = "\n".join(f"  {g.relative_to(CONFIG_DIR)}: {', '.join(sorted(p.stem for p in g.glob('*.yaml')))}"
-                       for g in dirs)
+    """`--help`: how to run, the groups and their options (the user's own marked), and every key with its
+    value, type and meaning."""
+    options = {}
+    for base, mark in [(Path(CONFIG_DIR), ""), *((Path(d), " (yours)") for d in OWN_DIRS)]:
+        for path in sorted(base.glob("*/**/*.yaml")):  # hydra/launcher too
+            options.setdefault(str(path.parent.relative_to(base)), {}).setdefault(path.stem, mark)
+    groups = "\n".join(f"  {group}: {', '.join(o + mark for o, mark in sorted(found.items()))}"
+                       for group, found in sorted(options.items()))
     keys = schema.describe(root)
     return f"""distrain: config-driven distributed training for TensorFlow.
 
@@ -93,9 +101,14 @@ OmegaConf.register_new_resolver("distrain.run_dir", _run_dir, replace=True)
 
 
 def _error_line(exc: Exception) -> str:
-    """One line for an error of Hydra or OmegaConf while composing the config."""
-    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+    """One line for an error of Hydra or OmegaConf while composing the config; a key an option's file
+    gets wrong names that file."""
+    cause = next((c for c in (exc.__cause__, exc.__context__) if isinstance(c, OmegaConfBaseException)), exc)
     if isinstance(cause, OmegaConfBaseException):
+        option = re.match(r"In '([^']+)': ", str(exc)) if isinstance(exc, ConfigCompositionException) else None
+        if option:
+            files = [d / f"{option.group(1)}.yaml" for d in (*map(Path, OWN_DIRS), Path(CONFIG_DIR))]
+            return f"in {next((f for f in files if f.exists()), option.group(1))}: {schema.explain(cause)}"
         return schema.explain(cause)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if isinstance(exc, MissingConfigException) and len(lines) > 2 and lines[1].startswith("Available options"):
@@ -131,9 +144,18 @@ def _flags_first(argv: list) -> tuple[list, list]:
     return flags, overrides
 
 
+def _own_dirs(flags: list, overrides: list) -> list:
+    """The user's config directories: --config-dir's, and hydra.searchpath's file:// entries."""
+    own = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--config-dir", "-cd")][-1:]
+    for override in overrides:
+        if override.startswith("hydra.searchpath="):
+            own += re.findall(r"file://([^,\]\s'\"]+)", override)
+    return [os.path.abspath(d) for d in own]
+
+
 def _compose(flags: list, overrides: list) -> DictConfig:
     """The config as Hydra composes it for a run, with the user's own --config-dir searched as Hydra's
-    --config-dir is (after conf/: its options add to the groups)."""
+    --config-dir is (after the package's: its options add to the groups)."""
     own = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--config-dir", "-cd")]
     if own:
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(own[-1])}]", *overrides]
@@ -181,6 +203,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     flags, overrides = _flags_first(sys.argv[1:])
     sys.argv[1:] = flags + overrides
+    OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
         if _quick_help(flags, overrides):
             return
