@@ -8,6 +8,7 @@ import sys
 import io
 import time
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -119,8 +120,9 @@ def test_an_error_line_stays_whole_whatever_another_thread_writes(monkeypatch, s
 
 @pytest.mark.slow
 def test_the_wheel_runs_from_any_directory(tmp_path):
-    """`pip wheel` of a copy of the checkout, installed into a directory of its own (first on the path):
-    `distrain` runs in a directory with no checkout in sight, from the package's own configs and digits."""
+    """`pip wheel` of a copy of the checkout, installed (not editable) into a fresh virtual environment
+    that takes its dependencies from this one: `distrain` runs in a project directory with no checkout
+    in sight, from the package's own configs and digits, and with the project's own presets."""
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
@@ -130,22 +132,40 @@ def test_the_wheel_runs_from_any_directory(tmp_path):
                             str(checkout)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("distrain-*.whl")
-    inside = zipfile.ZipFile(wheel).namelist()
-    assert {"distrain/conf/config.yaml", "distrain/conf/hydra/launcher/slurm.yaml", "distrain/data/mnist-10k.npz"
-            } <= set(inside), inside
-    site = tmp_path / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)
+    inside = set(zipfile.ZipFile(wheel).namelist())
+    assert {"distrain/conf/config.yaml", "distrain/conf/hydra/launcher/slurm.yaml", "distrain/data/mnist-10k.npz",
+            "hydra_plugins/distrain_slurm_launcher/slurm_sweep_launcher.py"} <= inside, inside
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    here = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "tensorflow").is_dir())
+    (site / "dependencies.pth").write_text(f"import site; site.addsitedir({str(here)!r})\n")
+    subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", str(wheel)], check=True,
+                   timeout=300)
     project = tmp_path / "project"
-    project.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site), "HYDRA_FULL_ERROR": "0"}
-    where = subprocess.run([sys.executable, "-c", "import distrain; print(distrain.__file__)"], cwd=project, env=env,
-                           capture_output=True, text=True, timeout=60)
-    assert where.stdout.strip() == str(site / "distrain" / "__init__.py")  # the wheel's, not the checkout's
-    out = subprocess.run([str(site / "bin" / "distrain"), "model=mlp", "trainer.epochs=1", "trainer.verbose=2",
-                          "trainer.save_model=false", "hydra.run.dir=run"], cwd=project, env=env,
-                         capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    (project / "conf" / "experiment").mkdir(parents=True)
+    (project / "conf" / "experiment" / "quick.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /model: mlp\ntrainer:\n  epochs: 1\n  verbose: 2\n"
+        "  save_model: false\n")
+    (project / "conf" / "experiment" / "typo.yaml").write_text("# @package _global_\ntrainer:\n  epochz: 1\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def distrain(*args):
+        return subprocess.run([str(venv / "bin" / "distrain"), *args], cwd=project, env={**env, "HYDRA_FULL_ERROR": "0"},
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import distrain; print(distrain.__file__)"],
+                           cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert where.stdout.strip() == str(site / "distrain" / "__init__.py"), where  # the wheel's, not the checkout's
+    shown = distrain("--config-dir", "conf", "--help")
+    assert "  experiment: quick (yours), scaling_async" in shown.stdout, shown.stdout[-2000:] + shown.stderr
+    out = distrain("--config-dir", "conf", "experiment=quick", "hydra.run.dir=run")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((project / "run" / "results.json").read_text())
-    assert results["data_source"] == "bundled" and results["test_accuracy"] > 0.8
-    assert "data: mnist from source bundled" in out.stdout + out.stderr
+    assert (results["data_source"], results["model"], results["epochs"]) == ("bundled", "mlp", 1)
+    assert results["test_accuracy"] > 0.8
+    bad = distrain("--config-dir", "conf", "experiment=typo", "hydra.run.dir=bad")
+    assert bad.returncode == 2 and bad.stderr.splitlines() == [
+        f"error: in {project / 'conf' / 'experiment' / 'typo.yaml'}: trainer.epochz is not a key of trainer: "
+        "set e.g. trainer.epochs=12"], bad.stderr
     assert_nothing_left(project)
