@@ -81,6 +81,12 @@ def kill_task(run_dir, name: str, sig=9) -> None:
     os.kill(task["pid"], sig)
 
 
+def untimed(restarts: list) -> list:
+    """The launcher's record of restarts (results.json, cluster.json), each checked to have its time."""
+    assert all(isinstance(r.pop("time"), float) for r in restarts), restarts
+    return restarts
+
+
 def assert_nothing_left(run_dir):
     """No process whose command line names run_dir (a run, a sweep, a test's tmp_path), nor any task
     cluster.json lists, is still running."""

@@ -42,12 +42,29 @@ def test_each_task_of_a_local_cluster_gets_its_kinds_state(strategy, states):
     assert {t.name: (t.alone, t.essential, t.main) for t in tasks} == states
 
 
-def test_the_restart_budget_is_shared_and_says_when_it_is_spent():
-    restarts, task = Restarts(2), SimpleNamespace(name="worker-1")
-    assert restarts.left()
-    restarts.take(task, -9, "task worker-1 exited with status -9", "it on its own address", [task])
-    assert restarts.left() and restarts.per_task["worker-1"] == 1
-    restarts.take(task, -9, "task worker-1 exited with status -9", "it on its own address", [task])
-    assert not restarts.left()
-    assert "restarted 2 time(s) already (cluster.max_restarts=2)" in restarts.exhausted("task worker-1 died")
-    assert Restarts(0).exhausted("task worker-1 died") == "task worker-1 died"  # none taken: nothing to add
+def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
+    """The losses of the issue that asked for it: workers 0, 1, 2, then 0 again, under parameter
+    servers: each worker has a budget of its own, so none is spent; a cluster restart draws on another."""
+    now = [1000.0]
+    restarts = Restarts(2, window=3600, clock=lambda: now[0])
+    w0, w1, w2 = (SimpleNamespace(name=f"worker-{i}", alone=True) for i in range(3))
+    ps = SimpleNamespace(name="ps-0", alone=False)
+    for worker in (w0, w1, w2, w0):
+        assert restarts.left(worker)
+        restarts.take(worker, -9, f"task {worker.name} exited with status -9", "it on its own address", [worker])
+    assert not restarts.left(w0) and restarts.left(w1) and restarts.left(ps)  # w0 twice; the cluster never
+    assert restarts.per_task == {"worker-0": 2, "worker-1": 1, "worker-2": 1}
+    assert restarts.exhausted("task worker-0 died", w0) == (
+        "task worker-0 died and worker-0 was restarted 2 time(s) already within 3600 s (cluster.restart_window) "
+        "(cluster.max_restarts=2); raise cluster.max_restarts, or read its log for why it keeps dying")
+    assert restarts.exhausted("task ps-0 died", ps) == "task ps-0 died"  # the cluster's budget: untouched
+    restarts.take(ps, -9, "task ps-0 exited with status -9", "the cluster from its latest checkpoint", [ps, w0])
+    assert restarts.left(ps) and "the cluster was restarted 1 time(s)" in restarts.exhausted("x", ps)
+    now[0] += 3601  # an hour on, the old restarts no longer count
+    assert restarts.left(w0) and restarts.exhausted("task worker-0 died", w0) == "task worker-0 died"
+    assert [r["time"] for r in restarts.done] == [1000.0] * 5  # each recorded with its time
+    # cluster.restart_window=0: every restart counts, however old.
+    ever = Restarts(1, window=0, clock=lambda: now[0])
+    ever.take(w0, -9, "w0 died", "it on its own address", [w0])
+    now[0] += 10 ** 6
+    assert not ever.left(w0) and Restarts(0).exhausted("task worker-1 died", w0) == "task worker-1 died"

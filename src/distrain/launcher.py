@@ -156,7 +156,7 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
     parameter-server worker is restarted alone. Up to cluster.max_restarts restarts in all."""
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
-    restarts = Restarts(c.max_restarts)
+    restarts = Restarts(c.max_restarts, c.restart_window)
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
             cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores, scratch_dir():
         if not net.available:

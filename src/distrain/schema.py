@@ -267,8 +267,12 @@ class Local:
                               "before the run fails naming it", SECONDS)
     isolate: Any = key("auto", "private network namespace: auto (if the platform allows), true (required), false",
                        one_of("auto", True, False))
-    max_restarts: int = key(3, "dead tasks restart the cluster (from its checkpoint) this often in all; 0: the "
-                            "first death ends the run", NOT_NEGATIVE)
+    max_restarts: int = key(3, "restarts allowed within cluster.restart_window: of each parameter-server worker "
+                            "(restarted alone), and of the whole cluster (from its checkpoint: a lost synchronous "
+                            "worker, ps task or chief); 0: the first death ends the run", NOT_NEGATIVE)
+    restart_window: float = key(3600.0, "seconds over which cluster.max_restarts counts restarts (older ones no "
+                                "longer count, so a long run survives occasional losses); 0: ever",
+                                Check(lambda v: math.isfinite(v) and v >= 0, "must be 0 (ever) or a number of seconds"))
 
 
 @dataclass

@@ -49,7 +49,9 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"MultiDeviceSaver.save.<locals>.tf_function_save",  # its checkpoints under parameter servers
          b"ERROR:tensorflow:Worker /job:worker/", b"Local rendezvous is aborting with status",
          b"Device filters can only be specified when initializing",  # a worker lost, then back
-         b"OP_REQUIRES failed at")  # an op's error, which the task says in its own words
+         b"OP_REQUIRES failed at",  # an op's error, which the task says in its own words
+         b"Aborting RingReduce with", b"BaseCollectiveExecutor::StartAbort",  # a synchronous peer lost:
+         b"The error could be from a previous operation", b"[[{{function_node ")  # the task says so once
 
 
 def is_noise(line: bytes) -> bool:
@@ -68,27 +70,43 @@ class Outcome:
 
 
 class Restarts:
-    """The restart budget of a local cluster (cluster.max_restarts), shared by all its tasks, and the
-    record of each restart."""
+    """The restart budgets of a local cluster, and the record of each restart. cluster.max_restarts
+    counts, over the last cluster.restart_window seconds (0: ever), the restarts of each task restarted
+    alone (a parameter-server worker) and, apart, the restarts of the whole cluster."""
+    CLUSTER = "the cluster"
 
-    def __init__(self, limit: int):
-        self.limit, self.done = limit, []
+    def __init__(self, limit: int, window: float = 0.0, clock=time.time):
+        self.limit, self.window, self.clock, self.done = limit, window, clock, []
         self.per_task = Counter()  # times each task was started again
 
-    def left(self) -> bool:
-        return len(self.done) < self.limit
+    def _counted(self, task) -> list:
+        """The restarts that count against the budget `task` draws on: its own if it restarts alone."""
+        budget = task.name if task.alone else self.CLUSTER
+        since = self.clock() - self.window if self.window else float("-inf")
+        return [r for r in self.done if r["budget"] == budget and r["time"] >= since]
+
+    def left(self, task) -> bool:
+        return len(self._counted(task)) < self.limit
 
     def take(self, task, code: int | None, why: str, what: str, restarted: list) -> None:
         """`task` exited with `code` (None: it hung), as `why` says: the `restarted` tasks start again."""
-        self.done.append({"task": task.name, "exit_status": code, "restarted": what})
+        self.done.append({"task": task.name, "exit_status": code, "restarted": what,
+                          "budget": task.name if task.alone else self.CLUSTER, "time": round(self.clock(), 3)})
         self.per_task.update(t.name for t in restarted)
-        log.warning("%s: restarting %s (restart %d of %d, cluster.max_restarts)", why, what, len(self.done),
-                    self.limit)
+        log.warning("%s: restarting %s (restart %d of %d%s, cluster.max_restarts)", why, what,
+                    len(self._counted(task)), self.limit, self._within())
 
-    def exhausted(self, why: str) -> str:
-        return (f"{why} and the cluster was restarted {len(self.done)} time(s) already "
+    def exhausted(self, why: str, task) -> str:
+        counted = self._counted(task)
+        if not counted:
+            return why
+        whom = f"{task.name} was" if task.alone else "the cluster was"
+        return (f"{why} and {whom} restarted {len(counted)} time(s) already{self._within()} "
                 f"(cluster.max_restarts={self.limit}); raise cluster.max_restarts, or read its log for why it "
-                "keeps dying") if self.done else why
+                "keeps dying")
+
+    def _within(self) -> str:
+        return f" within {self.window:g} s (cluster.restart_window)" if self.window else ""
 
 
 class FirstError:
@@ -371,7 +389,7 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
             why = f"task {task.name} exited with status {code}"
         seen.add(task.name)
         changed("running")
-        action = decide(code, task.alone, task.essential, bool(restarts and restarts.left()))
+        action = decide(code, task.alone, task.essential, bool(restarts and restarts.left(task)))
         if action == RESTART_IT:
             restarts.take(task, code, why, "it on its own address", [task])
             task.restarts = restarts.per_task[task.name]
@@ -382,7 +400,7 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
             restarts.take(task, None if task.hung else code, why, "the cluster from its latest checkpoint", tasks)
             return Outcome(code, "restarting", why, restart=True)
         elif action == FAIL:
-            outcome = Outcome(code, "failed", restarts.exhausted(why) if restarts else why, task.log_tail())
+            outcome = Outcome(code, "failed", restarts.exhausted(why, task) if restarts else why, task.log_tail())
             said = any(map(is_error, outcome.log_tail))  # its own line: enough
             if (len(tasks) > 1 or task.hung) and not said:  # (its lines were mixed with the others')
                 print_failure(outcome, task.log_path)
