@@ -149,23 +149,38 @@ def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path)
     assert_nothing_left(run_dir)
 
 
-def test_with_max_restarts_0_a_killed_parameter_server_worker_ends_the_run(tmp_path):
+def test_a_parameter_server_worker_past_its_budget_leaves_and_the_last_one_ends_the_run(tmp_path):
+    """cluster.max_restarts=0: worker 1 killed leaves the run, which goes on with worker 0 (its steps
+    keep growing); worker 0 killed next is the last, and ends the run in one line."""
     run_dir, tmp = tmp_path / "run", tmp_path / "tmp"  # this run's temporary files, apart from other runs'
     tmp.mkdir()
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
                  "trainer.epochs=50", "trainer.batch_size=32", "trainer.save_model=false", "cluster.max_restarts=0",
-                 env={**os.environ, "TMPDIR": str(tmp)})
+                 "trainer.verbose=2", env={**os.environ, "TMPDIR": str(tmp)})
     chief_log = run_dir / "logs" / "chief-0.log"
     try:
         wait_until(lambda: chief_log.exists() and "Epoch 2/50" in chief_log.read_text(), proc, "epoch 2")
         scratch = list(tmp.glob("distrain-scratch-*/distrain-data-*/train-*"))
         assert len(scratch) == 2  # the control: while it runs, the workers read the synthetic data from there
         kill_task(run_dir, "worker-1")
+        wait_until(lambda: json.loads((run_dir / "cluster.json").read_text())["restarts"], proc, "worker 1 to leave")
+        epochs = lambda: re.findall(r"global step \d+ \(worker 0: (\d+), worker 1: (\d+)\)",  # noqa: E731
+                                    chief_log.read_text())
+        since = len(epochs())
+        wait_until(lambda: len(epochs()) >= since + 2, proc, "two epochs without worker 1")
+        kill_task(run_dir, "worker-0")
     finally:
         out = finish(proc)
+    assert "task worker-1 exited with status -9: it leaves the run, which goes on with 1 worker(s)" in out
+    (first_0, first_1), (second_0, second_1) = epochs()[since:since + 2]
+    assert int(second_0) > int(first_0) and second_1 == first_1  # worker 0's steps grow, worker 1's do not
     assert proc.returncode == 247, out[-4000:]  # -9 as an exit status
-    assert "error: task worker-1 exited with status -9; the end of its log" in out
+    assert ("error: task worker-0 exited with status -9, and no other worker is left; raise cluster.max_restarts, "
+            "or read the workers' logs for why they die") in out
     assert not (run_dir / "results.json").exists()
+    restarts = untimed(json.loads((run_dir / "cluster.json").read_text())["restarts"])
+    assert restarts == [{"task": "worker-1", "exit_status": -9, "restarted": "no: it left the run",
+                         "budget": "worker-1"}]
     assert_nothing_left(run_dir)
     assert not [p for p in scratch if p.exists()]  # ...and they went with the run
 

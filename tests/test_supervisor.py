@@ -5,25 +5,27 @@ from types import SimpleNamespace
 import pytest
 
 from distrain import launcher
-from distrain.supervisor import FAIL, GO_ON, RESTART_CLUSTER, RESTART_IT, Restarts, decide
+from distrain.supervisor import FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
 from helpers import make_cfg
 
 
-@pytest.mark.parametrize("code, alone, essential, restarts_left, action", [
-    (-9, False, True, True, RESTART_CLUSTER),  # a multi_worker_mirrored worker, a ps task or the chief killed
-    (1, False, True, True, RESTART_CLUSTER),   # ... or hung (reported as status 1)
-    (-9, True, True, True, RESTART_IT),        # a parameter-server worker killed: on its own address
-    (-9, True, True, False, FAIL),             # ... past cluster.max_restarts
-    (1, False, True, False, FAIL),             # a synchronous worker past cluster.max_restarts
-    (2, False, True, True, FAIL),              # a configuration error: a restart would repeat it
-    (2, True, True, True, FAIL),
-    (-9, False, False, True, GO_ON),           # the sidecar evaluator lost: training goes on
-    (1, False, False, False, GO_ON),
-    (0, False, True, False, GO_ON),            # a task that finished
-    (0, True, True, True, GO_ON),
+@pytest.mark.parametrize("code, alone, essential, restarts_left, others_left, action", [
+    (-9, False, True, True, True, RESTART_CLUSTER),  # a multi_worker_mirrored worker, a ps task or the chief killed
+    (1, False, True, True, True, RESTART_CLUSTER),   # ... or hung (reported as status 1)
+    (-9, True, True, True, True, RESTART_IT),        # a parameter-server worker killed: on its own address
+    (-9, True, True, False, True, LEAVE),            # ... past its budget: the other workers go on
+    (1, True, True, False, True, LEAVE),             # ... hung
+    (-9, True, True, False, False, FAIL),            # ... and the last worker
+    (1, False, True, False, True, FAIL),             # a synchronous worker past cluster.max_restarts
+    (2, False, True, True, True, FAIL),              # a configuration error: a restart would repeat it
+    (2, True, True, True, True, FAIL),               # ... and leaving would hide it
+    (-9, False, False, True, True, GO_ON),           # the sidecar evaluator lost: training goes on
+    (1, False, False, False, False, GO_ON),
+    (0, False, True, False, False, GO_ON),           # a task that finished
+    (0, True, True, True, True, GO_ON),
 ])
-def test_what_a_tasks_end_means_for_the_run(code, alone, essential, restarts_left, action):
-    assert decide(code, alone, essential, restarts_left) == action
+def test_what_a_tasks_end_means_for_the_run(code, alone, essential, restarts_left, others_left, action):
+    assert decide(code, alone, essential, restarts_left, others_left) == action
 
 
 @pytest.mark.parametrize("strategy, states", [

@@ -27,7 +27,7 @@ from .forkserver import ForkServer
 from .process import SCRATCH
 from .protocol import error_line
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
-from .supervisor import Outcome, Restarts, Task, run_tasks
+from .supervisor import LEFT, Outcome, Restarts, Task, run_tasks
 
 log = logging.getLogger("distrain")
 
@@ -262,10 +262,14 @@ def _resuming(cfg, run_dir: Path):
 
 
 def _record_restarts(run_dir: Path, restarts: Restarts) -> None:
-    """The launcher's restarts, added to the chief's results.json."""
+    """The launcher's restarts, added to the chief's results.json, with the workers that left the run
+    (parameter servers) and so the number there were at its end."""
     results = report.read_results(run_dir)
     if results is not None and restarts.done:
-        storage.record(report.write_json, run_dir / report.RESULTS, {**results, "task_restarts": restarts.done})
+        gone = sorted({r["task"] for r in restarts.done if r["restarted"] == LEFT})
+        storage.record(report.write_json, run_dir / report.RESULTS,
+                       {**results, "task_restarts": restarts.done, "workers_left_the_run": gone,
+                        "final_num_workers": results["num_workers"] - len(gone)})
 
 
 def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:

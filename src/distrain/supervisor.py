@@ -69,6 +69,9 @@ class Outcome:
     restart: bool = False
 
 
+LEFT = "no: it left the run"  # the record of a worker past its budget (Restarts.leave)
+
+
 class Restarts:
     """The restart budgets of a local cluster, and the record of each restart. cluster.max_restarts
     counts, over the last cluster.restart_window seconds (0: ever), the restarts of each task restarted
@@ -95,6 +98,13 @@ class Restarts:
         self.per_task.update(t.name for t in restarted)
         log.warning("%s: restarting %s (restart %d of %d%s, cluster.max_restarts)", why, what,
                     len(self._counted(task)), self.limit, self._within())
+
+    def leave(self, task, code: int | None, why: str, others: int) -> None:
+        """`task`, past its budget, leaves the run to the `others` like it."""
+        spent = self.exhausted(why, task).split("; raise")[0]
+        self.done.append({"task": task.name, "exit_status": code, "restarted": LEFT,
+                          "budget": task.name, "time": round(self.clock(), 3)})
+        log.warning("%s: it leaves the run, which goes on with %d worker(s)", spent, others)
 
     def exhausted(self, why: str, task) -> str:
         counted = self._counted(task)
@@ -303,19 +313,22 @@ def print_failure(outcome: Outcome, log_path: Path) -> None:
 
 
 # What to do about a task that ended (or hung): decide() picks one.
-GO_ON, RESTART_IT, RESTART_CLUSTER, FAIL = "go on", "restart it", "restart the cluster", "fail"
+GO_ON, RESTART_IT, LEAVE, RESTART_CLUSTER, FAIL = "go on", "restart it", "leave", "restart the cluster", "fail"
 
 
-def decide(code: int, alone: bool, essential: bool, restarts_left: bool) -> str:
+def decide(code: int, alone: bool, essential: bool, restarts_left: bool, others_left: bool = False) -> str:
     """What a task's end means for the run. code: its exit status (1 if it hung); alone: it can be
     restarted on its own (a parameter-server worker); essential: the run cannot go on without it (not
-    a sidecar evaluator); restarts_left: cluster.max_restarts allows another restart. A status of 2 is
-    a configuration error, which a restart would repeat."""
+    a sidecar evaluator); restarts_left: its budget (cluster.max_restarts) allows another restart;
+    others_left: other tasks like it still run, so that one past its budget may leave the run to them.
+    A status of 2 is a configuration error, which a restart would repeat and leaving would hide."""
     if code == 0:
         return GO_ON
     can_restart = restarts_left and code != 2
     if alone and can_restart:
         return RESTART_IT
+    if alone and others_left and code != 2:
+        return LEAVE
     if essential:
         return RESTART_CLUSTER if can_restart else FAIL
     return GO_ON
@@ -389,18 +402,27 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
             why = f"task {task.name} exited with status {code}"
         seen.add(task.name)
         changed("running")
-        action = decide(code, task.alone, task.essential, bool(restarts and restarts.left(task)))
+        others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None]
+        action = decide(code, task.alone, task.essential, bool(restarts and restarts.left(task)), bool(others))
         if action == RESTART_IT:
             restarts.take(task, code, why, "it on its own address", [task])
             task.restarts = restarts.per_task[task.name]
             task.start(run_dir, task.prefix)
             seen.discard(task.name)
             changed("running")  # its new pid
+        elif action == LEAVE:
+            task.stop()  # (one that hung: for good)
+            restarts.leave(task, None if task.hung else code, why, len(others))
+            changed("running")  # cluster.json: it left
         elif action == RESTART_CLUSTER:
             restarts.take(task, None if task.hung else code, why, "the cluster from its latest checkpoint", tasks)
             return Outcome(code, "restarting", why, restart=True)
         elif action == FAIL:
-            outcome = Outcome(code, "failed", restarts.exhausted(why, task) if restarts else why, task.log_tail())
+            error = restarts.exhausted(why, task) if restarts else why
+            if task.alone and code != 2:  # the last worker
+                error = (f"{error.split('; raise')[0]}, and no other worker is left; raise cluster.max_restarts, "
+                         "or read the workers' logs for why they die")
+            outcome = Outcome(code, "failed", error, task.log_tail())
             said = any(map(is_error, outcome.log_tail))  # its own line: enough
             if (len(tasks) > 1 or task.hung) and not said:  # (its lines were mixed with the others')
                 print_failure(outcome, task.log_path)
