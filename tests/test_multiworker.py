@@ -146,6 +146,7 @@ def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path)
     tasks = {t["name"]: t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
     assert tasks["worker-1"]["restarts"] == 1 and tasks["worker-0"]["restarts"] == 0
     assert "Failed to connect" not in out  # the coordinator's retries stay in its log
+    assert "ERROR:tensorflow" not in out and "ERROR:tensorflow" in chief_log.read_text()  # (the control)
     assert_nothing_left(run_dir)
 
 
