@@ -174,6 +174,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     else:
         assert proc.returncode == 0, out[-3000:]
         assert "task worker-1 exited with status -9: restarting the cluster from its latest checkpoint" in out
+        assert "[worker-0] error:" not in out  # worker 0 lost its peer: news, since the launcher acts on it
         cluster = json.loads((run_dir / "cluster.json").read_text())
         assert untimed(cluster["restarts"]) == [{"task": "worker-1", "exit_status": -9, "budget": "the cluster",
                                                  "restarted": "the cluster from its latest checkpoint"}]

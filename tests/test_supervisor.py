@@ -62,6 +62,7 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     assert restarts.exhausted("task ps-0 died", ps) == "task ps-0 died"  # the cluster's budget: untouched
     restarts.take(ps, -9, "task ps-0 exited with status -9", "the cluster from its latest checkpoint", [ps, w0])
     assert restarts.left(ps) and "the cluster was restarted 1 time(s)" in restarts.exhausted("x", ps)
+    assert restarts.cluster_left() and not Restarts(0).cluster_left()  # (what a task losing a peer is told)
     now[0] += 3601  # an hour on, the old restarts no longer count
     assert restarts.left(w0) and restarts.exhausted("task worker-0 died", w0) == "task worker-0 died"
     assert [r["time"] for r in restarts.done] == [1000.0] * 5  # each recorded with its time

@@ -24,7 +24,7 @@ from . import cpu, data, report, schema, storage
 from .config import check_same_run, checkpoint_dir, has_checkpoint, resumed, validate
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
-from .process import SCRATCH
+from .process import RESTARTS_CLUSTER, SCRATCH
 from .protocol import error_line
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
 from .supervisor import LEFT, Outcome, Restarts, Task, run_tasks
@@ -65,7 +65,8 @@ class KeepEarlierRuns(Callback):
             ends = Counter(report.ended(job) or "unrecorded" for job in jobs)
             _refuse(f"hydra.sweep.dir={sweep_dir} holds a sweep already ({len(jobs)} job(s): "
                     f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
-                    f"trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove {sweep_dir}")
+                    "trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove "
+                    f"{sweep_dir}")
 
 
 def _refuse(error: str):
@@ -177,6 +178,8 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
                 spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
                 for task in tasks:  # after a restart of the cluster, each task's log goes on
                     task.restarts = restarts.per_task[task.name]
+                    # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
+                    task.env[RESTARTS_CLUSTER] = str(int(restarts.cluster_left()))
                 log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
 
                 def write_cluster_json(status: str):

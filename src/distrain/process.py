@@ -35,6 +35,7 @@ atexit.register(lambda: [cleanup() for cleanup in _CLEANUPS])  # a task that end
 
 
 SCRATCH = "DISTRAIN_SCRATCH"  # a local cluster's directory for its tasks' temporary files
+RESTARTS_CLUSTER = "DISTRAIN_RESTARTS_CLUSTER"  # "1": the launcher restarts the cluster if a task is lost
 
 
 def scratch() -> str | None:

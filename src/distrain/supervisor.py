@@ -84,12 +84,18 @@ class Restarts:
 
     def _counted(self, task) -> list:
         """The restarts that count against the budget `task` draws on: its own if it restarts alone."""
-        budget = task.name if task.alone else self.CLUSTER
+        return self._within_window(task.name if task.alone else self.CLUSTER)
+
+    def _within_window(self, budget: str) -> list:
         since = self.clock() - self.window if self.window else float("-inf")
         return [r for r in self.done if r["budget"] == budget and r["time"] >= since]
 
     def left(self, task) -> bool:
         return len(self._counted(task)) < self.limit
+
+    def cluster_left(self) -> bool:
+        """Whether a lost essential task would restart the cluster (rather than end the run)."""
+        return len(self._within_window(self.CLUSTER)) < self.limit
 
     def take(self, task, code: int | None, why: str, what: str, restarted: list) -> None:
         """`task` exited with `code` (None: it hung), as `why` says: the `restarted` tasks start again."""

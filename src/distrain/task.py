@@ -18,7 +18,7 @@ from . import report, storage
 from .config import checkpoint_dir
 from .data import unreadable_on_worker
 from .errors import ConfigError, PeerLost, print_error
-from .process import Preempted, Preemption, die_with_parent, exit_now
+from .process import RESTARTS_CLUSTER, Preempted, Preemption, die_with_parent, exit_now
 from .protocol import say_ready
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
 
@@ -59,8 +59,12 @@ def main(argv=None) -> int:
         print_error(str(exc))
         return 2
     except PeerLost as exc:
-        kept = "its latest checkpoint is kept" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
-        print_error(f"{exc}; {kept}: go on with trainer.resume=true")
+        if os.environ.get(RESTARTS_CLUSTER) == "1":
+            print(f"{exc}: the launcher restarts the cluster from its latest checkpoint", flush=True)
+        else:
+            kept = ("its latest checkpoint is kept" if cfg.trainer.save_model else
+                    "nothing saved (trainer.save_model=false)")
+            print_error(f"{exc}; {kept}: go on with trainer.resume=true")
         os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except Preempted as exc:
         saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
