@@ -22,6 +22,7 @@ from .protocol import is_error, is_ready
 log = logging.getLogger("distrain")
 
 STOP_GRACE_SECONDS = 10
+SETTLE_SECONDS = 0.5  # for the end of a task that took another down to be heard of (_ended)
 
 
 class Interrupted(Exception):
@@ -164,6 +165,7 @@ class Task:
     restarts: int = 0
     peer_timeout: float = 0  # > 0: the task keeps a heartbeat (process.Heartbeat) that must not stop this long
     hung: bool = False
+    ended_at: float = None  # when the supervisor first saw it ended (monotonic clock)
     forks: ForkServer = None  # starts the task with TensorFlow imported, instead of running argv
 
     def start(self, run_dir: Path, prefix: str | None) -> None:
@@ -171,6 +173,7 @@ class Task:
         self.log_path = run_dir / "logs" / f"{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ready = self.hung = False
+        self.ended_at = None
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         if self.peer_timeout:
             self.heartbeat = self.log_path.with_suffix(".heartbeat")
@@ -362,7 +365,8 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
         changed("running")
         while True:
             ended = _ended(tasks, seen, run_dir, restarts, changed)
-            if ended is None and all(t.proc.poll() is not None for t in tasks if t.main):
+            if ended is None and all(t.proc.poll() == 0 or (t.proc.poll() is not None and t.name in seen)
+                                     for t in tasks if t.main):  # (a failure not yet acted on: not over)
                 for task in tasks:
                     if task.proc.poll() is not None:  # (servers still running are stopped below)
                         task._pump.join(timeout=5)  # their last lines reach the terminal and the logs
@@ -395,14 +399,20 @@ def run_tasks(tasks: list, run_dir: Path, startup_timeout=None, on_change=None, 
 def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, changed) -> Outcome | None:
     """Acts on each task that ended or hung since the last look, as decide() says: None while the
     run goes on, else how it ends (or that the cluster must restart)."""
-    # A task killed by a signal first: the others it takes down with it exit on their own after.
+    # A task killed by a signal first: the others it takes down with it exit on their own after. Their
+    # ends may be heard of in another order, so a task that failed on its own is acted on once no other
+    # end has come for SETTLE_SECONDS.
+    now = time.monotonic()
+    killed = any((t.proc.poll() or 0) < 0 for t in tasks if t.name not in seen)
     for task in sorted(tasks, key=lambda t: (t.proc.poll() or 0) >= 0):
         code = task.proc.poll()
+        if code is not None:
+            task.ended_at = task.ended_at or now
         if code is None and task.stalled():  # alive, but stuck waiting on a peer
             task.hung, code = True, 1
             why = (f"task {task.name} made no progress for {task.peer_timeout:g} s (cluster.peer_timeout): "
                    "a worker or ps task it waits for stopped answering")
-        elif code is None or task.name in seen:
+        elif code is None or task.name in seen or (code > 0 and not killed and now - task.ended_at < SETTLE_SECONDS):
             continue
         else:
             why = f"task {task.name} exited with status {code}"
