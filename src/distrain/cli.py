@@ -156,9 +156,9 @@ def _own_dirs(flags: list, overrides: list) -> list:
 def _compose(flags: list, overrides: list) -> DictConfig:
     """The config as Hydra composes it for a run, with the user's own --config-dir searched as Hydra's
     --config-dir is (after the package's: its options add to the groups)."""
-    own = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--config-dir", "-cd")]
+    own = _own_dirs(flags, [])  # (hydra.searchpath overrides are among the overrides already)
     if own:
-        overrides = [f"hydra.searchpath=[file://{os.path.abspath(own[-1])}]", *overrides]
+        overrides = [f"hydra.searchpath=[file://{own[0]}]", *overrides]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 

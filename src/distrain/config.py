@@ -209,5 +209,10 @@ def checkpoint_dir(cfg: DictConfig, run_dir: Path) -> Path:
     return Path(cfg.trainer.checkpoint_dir or Path(run_dir) / "checkpoints")
 
 
+def kept_checkpoints(cfg: DictConfig, run_dir: Path) -> Path | None:
+    """Where the run keeps its checkpoints, or None if it keeps none (trainer.save_model=false)."""
+    return checkpoint_dir(cfg, run_dir) if cfg.trainer.save_model else None
+
+
 def has_checkpoint(cfg: DictConfig, run_dir: Path) -> bool:
     return (checkpoint_dir(cfg, run_dir) / "checkpoint").exists()  # CheckpointManager's index

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import cpu, data, report, schema, storage
-from .config import check_same_run, checkpoint_dir, has_checkpoint, resumed, validate
+from .config import check_same_run, checkpoint_dir, has_checkpoint, kept_checkpoints, resumed, validate
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
 from .process import RESTARTS_CLUSTER, SCRATCH
@@ -250,8 +250,7 @@ def _write_config(cfg, run_dir: Path) -> Path:
     except OSError as exc:
         if not storage.is_full(exc):
             raise
-        raise ConfigError(storage.full_disk_line(run_dir, checkpoint_dir(cfg, run_dir) if cfg.trainer.save_model
-                                                 else None)) from exc
+        raise ConfigError(storage.full_disk_line(run_dir, kept_checkpoints(cfg, run_dir))) from exc
 
 
 def _resuming(cfg, run_dir: Path):

@@ -24,14 +24,16 @@ def exit_now(code: int):
     """End this task process with `code` once its output is flushed and its temporary files are gone,
     skipping the interpreter's shutdown: with TensorFlow loaded that costs about a second of CPU and,
     on a cluster, waits on the peers, with nothing left to save (the run's files are written and closed)."""
-    for cleanup in _CLEANUPS:
-        cleanup()
+    _clean_up()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-atexit.register(lambda: [cleanup() for cleanup in _CLEANUPS])  # a task that ends by an exception
+@atexit.register  # (a task that ends by an exception)
+def _clean_up() -> None:
+    for cleanup in _CLEANUPS:
+        cleanup()
 
 
 SCRATCH = "DISTRAIN_SCRATCH"  # a local cluster's directory for its tasks' temporary files

@@ -108,19 +108,25 @@ class Restarts:
 
     def leave(self, task, code: int | None, why: str, others: int) -> None:
         """`task`, past its budget, leaves the run to the `others` like it."""
-        spent = self.exhausted(why, task).split("; raise")[0]
+        spent = self.spent(why, task)
         self.done.append({"task": task.name, "exit_status": code, "restarted": LEFT,
                           "budget": task.name, "time": round(self.clock(), 3)})
         log.warning("%s: it leaves the run, which goes on with %d worker(s)", spent, others)
 
-    def exhausted(self, why: str, task) -> str:
+    def spent(self, why: str, task) -> str:
+        """`why` a task ended, with how much of the budget it drew on was spent, if any was."""
         counted = self._counted(task)
         if not counted:
             return why
         whom = f"{task.name} was" if task.alone else "the cluster was"
-        return (f"{why} and {whom} restarted {len(counted)} time(s) already{self._within()} "
-                f"(cluster.max_restarts={self.limit}); raise cluster.max_restarts, or read its log for why it "
-                "keeps dying")
+        return f"{why} and {whom} restarted {len(counted)} time(s) already{self._within()} " \
+               f"(cluster.max_restarts={self.limit})"
+
+    def exhausted(self, why: str, task) -> str:
+        """The line for a task past its budget: spent(), and what to do about it."""
+        if not self._counted(task):
+            return why
+        return f"{self.spent(why, task)}; raise cluster.max_restarts, or read its log for why it keeps dying"
 
     def _within(self) -> str:
         return f" within {self.window:g} s (cluster.restart_window)" if self.window else ""
@@ -436,7 +442,7 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
         elif action == FAIL:
             error = restarts.exhausted(why, task) if restarts else why
             if task.alone and code != 2:  # the last worker
-                error = (f"{error.split('; raise')[0]}, and no other worker is left; raise cluster.max_restarts, "
+                error = (f"{restarts.spent(why, task)}, and no other worker is left; raise cluster.max_restarts, "
                          "or read the workers' logs for why they die")
             outcome = Outcome(code, "failed", error, task.log_tail())
             said = any(map(is_error, outcome.log_tail))  # its own line: enough

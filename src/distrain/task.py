@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import report, storage
-from .config import checkpoint_dir
+from .config import checkpoint_dir, kept_checkpoints
 from .data import unreadable_on_worker
 from .errors import ConfigError, PeerLost, print_error
 from .process import RESTARTS_CLUSTER, Preempted, Preemption, die_with_parent, exit_now
@@ -106,11 +106,9 @@ def full_disk(exc: Exception, cfg, run_dir: Path, clean: bool = False) -> Config
     directory (the chief), and removes the files the full disk cut short."""
     if not storage.is_full(exc):
         return None
-    checkpoints = checkpoint_dir(cfg, run_dir)
     if clean:
-        storage.remove_partial(run_dir, checkpoints if cfg.trainer.checkpoint_dir else None)
-    return ConfigError(storage.full_disk_line(storage.where(exc, run_dir), checkpoints if cfg.trainer.save_model
-                                              else None))
+        storage.remove_partial(run_dir, checkpoint_dir(cfg, run_dir) if cfg.trainer.checkpoint_dir else None)
+    return ConfigError(storage.full_disk_line(storage.where(exc, run_dir), kept_checkpoints(cfg, run_dir)))
 
 
 def evaluate(cfg, run_dir: Path, task) -> int:
