@@ -118,3 +118,30 @@ def finish(proc, timeout=RUN_TIMEOUT):
             proc.kill()
             proc.communicate()
     return out
+
+
+def tensorboard_values(log_dir: Path) -> dict:
+    """{tag: [value, ...]} of the event files in log_dir (not below it), read as TensorBoard reads them:
+    scalars as numbers, the hparams plugin's records as what they hold (Experiment, SessionStartInfo,
+    SessionEndInfo)."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+    from tensorboard.plugins.hparams import metadata
+    from tensorboard.util import tensor_util
+
+    parse = {metadata.EXPERIMENT_TAG: metadata.parse_experiment_plugin_data,
+             metadata.SESSION_START_INFO_TAG: metadata.parse_session_start_info_plugin_data,
+             metadata.SESSION_END_INFO_TAG: metadata.parse_session_end_info_plugin_data}
+    found = {}
+    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+        reader = PyRecordReader_New(str(path))
+        while True:
+            try:
+                reader.GetNext()
+            except Exception:  # noqa: BLE001 - the end of the file
+                break
+            for value in event_pb2.Event.FromString(reader.record()).summary.value:
+                found.setdefault(value.tag, []).append(
+                    parse[value.tag](value.metadata.plugin_data.content) if value.tag in parse
+                    else tensor_util.make_ndarray(value.tensor).item())
+    return found

@@ -19,7 +19,7 @@ import tf_keras as keras
 from distrain import data
 from distrain.training import train
 from helpers import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
-                     untimed, wait_until, write_idx)
+                     tensorboard_values, untimed, wait_until, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
@@ -75,7 +75,8 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "cluster.evaluator=true",
                   *SYNTHETIC_THREE_EPOCHS[3:], "data.source=idx", f"data.path={tmp_path / 'idx'}",
-                  "trainer.batch_size=64")  # 48 asynchronous steps: at 24, the accuracy ranged from 0.40 to 0.97
+                  "trainer.batch_size=64", "trainer.tensorboard=true")  # 48 asynchronous steps: at 24, the
+    # accuracy ranged from 0.40 to 0.97
     assert out.returncode == 0, out.stdout[-4000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert (results["num_workers"], results["num_ps"]) == (2, 1)
@@ -84,6 +85,16 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     steps = results["worker_steps"]
     assert set(steps) == {"0", "1"} and all(n > 0 for n in steps.values())  # both workers trained
     assert sum(steps.values()) == results["global_steps"]  # every step updated the ps variables once
+    # TensorBoard: each worker's steps per epoch, and the run as a session of the HParams dashboard.
+    scalars = tensorboard_values(run_dir / "tensorboard" / "train")
+    assert [sum(scalars[f"epoch_steps_worker_{i}"]) for i in (0, 1)] == [steps["0"], steps["1"]]
+    assert len(scalars["epoch_steps_worker_0"]) == 3
+    session = tensorboard_values(run_dir / "tensorboard")
+    hparams = session["_hparams_/session_start_info"][0].hparams
+    assert (hparams["strategy"].string_value, hparams["workers"].number_value, hparams["ps"].number_value) == (
+        "parameter_server", 2, 1)
+    assert hparams["data.source"].string_value == "idx"  # what the command line chose
+    assert session["test_accuracy"] == [pytest.approx(results["test_accuracy"])]
     chief_log = (run_dir / "logs" / "chief-0.log").read_text()
     assert "variable placement over 1 ps task(s):" in chief_log
     assert "dense/kernel:0" in chief_log and "ps:0" in chief_log

@@ -4,19 +4,23 @@ and a failed job that is a failed row rather than the end of the sweep.
 Every multi-process test is bounded in time and checks that no process it caused is left behind.
 """
 import csv
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+import portpicker
 import pytest
 import yaml
 
-from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
-from distrain import cluster, supervisor, sweep
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, tensorboard_values
+from distrain import cluster, dashboard, supervisor, sweep
 
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
@@ -94,11 +98,17 @@ def test_summarize_rebuilds_the_summary_of_a_sweep_directory(worker_sweep, tmp_p
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
 
 
+@pytest.fixture(scope="module")
+def device_sweep(tmp_path_factory):
+    """Job 0 fails inside its training process (no such device), job 1 trains: run once, read by the
+    tests of failed rows and of TensorBoard's dashboard (on by default in sweeps)."""
+    sweep_dir = tmp_path_factory.mktemp("devices") / "sweep"
+    return sweep_dir, multirun(sweep_dir, "strategy=one_device", "strategy.device=/gpu:7,/cpu:0", *TINY)
+
+
 @pytest.mark.slow
-def test_a_failed_first_job_is_a_failed_row_and_the_others_still_run(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    # Job 0 fails inside its training process (no such device), job 1 trains.
-    out = multirun(sweep_dir, "strategy=one_device", "strategy.device=/gpu:7,/cpu:0", *TINY)
+def test_a_failed_first_job_is_a_failed_row_and_the_others_still_run(device_sweep):
+    sweep_dir, out = device_sweep
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Traceback" not in out.stdout + out.stderr
     rows = read_csv(sweep_dir / "summary.csv")
@@ -112,6 +122,84 @@ def test_a_failed_first_job_is_a_failed_row_and_the_others_still_run(tmp_path):
     assert "job 0: failed: task train exited with status 2" in out.stdout
     assert is_png(sweep_dir / "scaling.png")  # accuracy against the swept value, from the ok job
     assert_nothing_left(sweep_dir)
+
+
+@pytest.mark.slow
+def test_a_sweep_is_one_experiment_of_tensorboards_hparams_dashboard(device_sweep):
+    """A real TensorBoard server on 127.0.0.1, asked over HTTP what its HParams dashboard shows."""
+    sweep_dir, out = device_sweep
+    assert f"tensorboard --logdir {sweep_dir}" in out.stdout  # how to open it, said at the end
+    screenshots = load_script("dashboard_screenshot")
+    with open(sweep_dir.parent / "tensorboard.log", "w") as log:
+        port = portpicker.pick_unused_port()
+        server = screenshots.serve(sweep_dir, port, log)
+        try:
+            experiment = ask(port, "experiment", {"experimentName": ""})
+            groups = ask(port, "session_groups", {
+                "experimentName": "", "startIndex": 0, "sliceSize": 10, "colParams": [],
+                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]})
+        finally:
+            screenshots.stop(server)
+    hparams = {h["name"]: h for h in experiment["hparamInfos"]}
+    assert hparams["strategy.device"]["domainDiscrete"] == ["/cpu:0", "/gpu:7"]
+    assert hparams["strategy.device"]["differs"] and not hparams["strategy"].get("differs")  # (control)
+    assert {"workers", "ps", "replicas", "global_batch", "model", "data", "precision"} <= set(hparams)
+    metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
+    assert {"test_accuracy", "test_loss", "examples_per_sec", "steps_per_sec", "train_seconds"} <= set(metrics)
+    sessions = {g["name"]: g for g in groups["sessionGroups"]}
+    assert sorted(sessions) == ["job 0", "job 1"]
+    failed, ok = sessions["job 0"], sessions["job 1"]
+    assert (failed["hparams"]["strategy.device"], ok["hparams"]["strategy.device"]) == ("/gpu:7", "/cpu:0")
+    assert [s["status"] for s in failed["sessions"]] == ["STATUS_FAILURE"]
+    assert [s["status"] for s in ok["sessions"]] == ["STATUS_SUCCESS"]
+    accuracy = json.loads((sweep_dir / "1" / "results.json").read_text())["test_accuracy"]
+    values = {m["name"]["tag"]: m["value"] for m in ok["metricValues"]}
+    assert values["test_accuracy"] == pytest.approx(accuracy) and values["examples_per_sec"] > 0
+    assert "test_accuracy" not in {m["name"]["tag"] for m in failed["metricValues"]}  # it measured nothing
+    assert_nothing_left(sweep_dir.parent)  # the server too
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("chromium"), reason="no Chromium here: scripts/dashboard_screenshot.py "
+                    "--install installs Debian's chromium package")
+def test_a_browser_shows_the_hparams_dashboard(device_sweep, tmp_path):
+    sweep_dir, _ = device_sweep
+    shot = tmp_path / "hparams.png"
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "dashboard_screenshot.py"), str(sweep_dir), str(shot)],
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert looks_like_tensorboard(shot)
+    blank = tmp_path / "blank.png"  # the control: a page that is not TensorBoard's fails the check
+    load_script("dashboard_screenshot").screenshot(shutil.which("chromium"), "about:blank", blank)
+    assert not looks_like_tensorboard(blank)
+    assert_nothing_left(sweep_dir.parent)
+
+
+def looks_like_tensorboard(png: Path) -> bool:
+    """A page as TensorBoard draws it: its orange bar across the top, and a page below it that is not
+    blank (text and lines in many shades)."""
+    from matplotlib import image
+
+    pixels = image.imread(png)[..., :3]
+    bar, page = pixels[5:50], pixels[60:]
+    orange = abs(bar - [0.96, 0.49, 0.0]).max(axis=-1) < 0.06  # TensorBoard's header, #f57c00
+    shades = len({tuple(p) for p in (page[::4, ::4] * 255).astype(int).reshape(-1, 3)})
+    return orange.mean() > 0.5 and (page < 0.5).any(axis=-1).mean() > 0.002 and shades > 20
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ask(port: int, what: str, request: dict) -> dict:
+    """The HParams plugin's answer, as TensorBoard's page asks for it."""
+    call = urllib.request.Request(f"http://127.0.0.1:{port}/data/plugin/hparams/{what}",
+                                  data=json.dumps(request).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(call, timeout=60) as answer:
+        return json.loads(answer.read())
 
 
 @pytest.mark.slow
@@ -281,3 +369,44 @@ def test_jobs_killed_before_they_record_their_end_are_marked_interrupted(tmp_pat
         "status": "interrupted", "exit_status": 130, "error": "interrupted by SIGINT", "job": 1}
     assert json.loads((tmp_path / "1" / "cluster.json").read_text())["status"] == "interrupted"
     assert [r["status"] for r in sweep.collect(tmp_path)[0]] == ["ok", "interrupted"]
+
+
+def test_each_job_is_a_session_and_the_sweep_one_experiment(tmp_path):
+    """The dashboard's records, read back as TensorBoard reads them: a session per job (a failed one
+    too, with what its config says), the speed-ups as metrics, and the sweep's columns written once."""
+    ok = {"status": "ok", "exit_status": 0, "error": "", "log_tail": []}
+    _job(tmp_path, 0, ["cluster.workers=1"], ok, _results("multi_worker_mirrored", 1, 64, 64, 1000.0))
+    _job(tmp_path, 1, ["cluster.workers=2"], ok, _results("multi_worker_mirrored", 2, 64, 32, 1500.0))
+    _job(tmp_path, 2, ["cluster.workers=4"], {"status": "failed", "exit_status": 1, "error": "lost", "log_tail": []})
+    for num, workers in enumerate((1, 2, 4)):
+        (tmp_path / str(num) / "config.yaml").write_text(yaml.safe_dump({
+            "strategy": {"name": "multi_worker_mirrored"}, "cluster": {"name": "local", "workers": workers, "ps": 0},
+            "trainer": {"tensorboard": True, "batch_size": 64}, "model": {"name": "cnn"}, "data": {"name": "mnist"}}))
+    sweep.summarize(tmp_path, out=open(os.devnull, "w"))
+    (experiment,) = tensorboard_values(tmp_path / "tensorboard")["_hparams_/experiment"]
+    columns = {h.name: h for h in experiment.hparam_infos}
+    assert list(columns["cluster.workers"].domain_discrete.values) and columns["cluster.workers"].differs
+    assert [v.number_value for v in columns["cluster.workers"].domain_discrete.values] == [1, 2, 4]
+    assert not columns["strategy"].differs  # the control: one value
+    sessions = [tensorboard_values(tmp_path / str(n) / "tensorboard") for n in range(3)]
+    starts = [s["_hparams_/session_start_info"][0] for s in sessions]
+    assert [s.group_name for s in starts] == ["job 0", "job 1", "job 2"]
+    assert [s.hparams["cluster.workers"].number_value for s in starts] == [1, 2, 4]
+    assert starts[2].hparams["workers"].number_value == 4 and starts[2].hparams["data"].string_value == "mnist"
+    assert "replicas" not in starts[2].hparams  # a failed run's facts are its config's, not measured ones
+    assert [s["_hparams_/session_end_info"][0].status for s in sessions] == [1, 1, 2]  # success, success, failure
+    assert sessions[1]["speedup"] == [pytest.approx(1.5)] and sessions[1]["efficiency"] == [pytest.approx(0.75)]
+    assert "test_accuracy" not in sessions[2]
+    # A sweep without TensorBoard logs (trainer.tensorboard=false) gets none.
+    (tmp_path / "2" / "config.yaml").write_text("trainer:\n  tensorboard: false\n")
+    for num in (0, 1):
+        (tmp_path / str(num) / "config.yaml").unlink()
+    shutil.rmtree(tmp_path / "tensorboard")
+    sweep.summarize(tmp_path, out=open(os.devnull, "w"))
+    assert not (tmp_path / "tensorboard").exists()
+
+
+@pytest.mark.parametrize("given, taken", [("2", 2), ("0.001", 0.001), ("true", True), ("/cpu:0", "/cpu:0"),
+                                          (3, 3), ("[1,2]", "[1,2]")])
+def test_hyperparameters_take_tensorboards_types(given, taken):
+    assert dashboard.typed(given) == taken and type(dashboard.typed(given)) is type(taken)

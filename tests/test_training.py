@@ -10,7 +10,7 @@ from distrain.errors import ConfigError
 import distrain.strategy
 from distrain import training
 from distrain.training import train
-from helpers import small
+from helpers import small, tensorboard_values
 
 pytestmark = pytest.mark.slow  # every test trains (make test-fast leaves them out)
 
@@ -87,7 +87,10 @@ def test_xla_compiles_the_step_on_one_cpu_device(tmp_path, strategy):
 def test_saves_checkpoint_savedmodel_and_tensorboard(tmp_path):
     results, model = train(small("trainer.save_model=true", "trainer.tensorboard=true"), tmp_path)
     assert list((tmp_path / "checkpoints").glob("ckpt-16.index"))  # numbered by global step
-    assert list((tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    scalars = tensorboard_values(tmp_path / "tensorboard" / "train")  # one epoch: one value each
+    assert scalars["epoch_accuracy"] == [pytest.approx(results["history"]["accuracy"][0])]
+    assert scalars["epoch_learning_rate"] == [pytest.approx(0.002)]
+    assert scalars["epoch_examples_per_sec"] == [pytest.approx(results["examples_per_sec"], rel=1e-3)]
     loaded = keras.models.load_model(tmp_path / "saved_model")
     x = tf.random.uniform((4, 28, 28, 1), seed=1)
     np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)

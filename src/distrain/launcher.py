@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import portpicker
@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import cpu, data, report, schema, storage
+from . import cpu, dashboard, data, report, schema, storage
 from .config import check_same_run, checkpoint_dir, has_checkpoint, kept_checkpoints, resumed, validate
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
@@ -28,15 +28,18 @@ from .process import RESTARTS_CLUSTER, SCRATCH
 from .protocol import error_line
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
 from .supervisor import LEFT, Outcome, Restarts, Task, run_tasks
+from .sweep import split_override
 
 log = logging.getLogger("distrain")
 
 
 @dataclass
 class Job:
-    """Where a run stands in a sweep: its number, and the values swept for it (e.g. "cluster.workers=2")."""
+    """Where a run stands in a sweep: its number, and the values swept for it (e.g. "cluster.workers=2",
+    and as {key: value})."""
     num: int
     swept: str = ""
+    values: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
         return f"#{self.num}" + (f" ({self.swept})" if self.swept else "")
@@ -97,6 +100,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
             elif auto:
                 log.info("trainer.resume=auto: no checkpoint in %s yet, so the run starts from the beginning",
                          checkpoint_dir(cfg, run_dir))
+        if cfg.trainer.tensorboard == "auto":  # a sweep's dashboard; a single run's only if asked for
+            cfg = OmegaConf.merge(cfg, {"trainer": {"tensorboard": job is not None}})
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
@@ -115,15 +120,16 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
 
     with environment(cpu.onednn_env(cfg.trainer.onednn)):  # read by TensorFlow as each task starts
         if cfg.strategy.name not in CLUSTER_STRATEGIES:
-            return _finish(run_tasks([Task("train", argv)], run_dir, job=job), run_dir, job)
+            return _finish(run_tasks([Task("train", argv)], run_dir, job=job), run_dir, job, overrides)
         if cfg.cluster.name == "local":
-            return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job)
+            return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job, overrides)
         # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
         log.info("this process is task %s:%d of %s", task.type, task.index, spec)
         env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
         return _finish(run_tasks([Task(task.name, argv, env, spec=task,
                                        peer_timeout=coordinator_timeout(cfg, task.type))], run_dir,
-                                 startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job)
+                                 startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job,
+                       overrides)
 
 
 @contextlib.contextmanager
@@ -274,10 +280,14 @@ def _record_restarts(run_dir: Path, restarts: Restarts) -> None:
                         "final_num_workers": results["num_workers"] - len(gone)})
 
 
-def _finish(outcome: Outcome, run_dir: Path, job: Job | None) -> int:
+def _finish(outcome: Outcome, run_dir: Path, job: Job | None, overrides=()) -> int:
     """Record how the run ended in status.json (run_tasks wrote it already, before stopping the tasks;
-    not so a run refused before it started), draw a finished run's curves.png, say it in one line."""
+    not so a run refused before it started) and as a TensorBoard session, draw a finished run's
+    curves.png, say it in one line. `overrides`: a single run's, its hyperparameters in TensorBoard."""
     report.write_status(run_dir, outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
+    if dashboard.wanted(run_dir):
+        swept = job.values if job else dict(split_override(o) for o in overrides if not o.startswith(("hydra", "~")))
+        storage.record(dashboard.log_session, run_dir, swept)
     results = report.read_results(run_dir) if outcome.status == "ok" else None
     if results:
         try:

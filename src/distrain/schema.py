@@ -107,7 +107,9 @@ class Trainer:
                       "itself leaves them off on CPUs without AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX); "
                       "TF_ENABLE_ONEDNN_OPTS in the environment wins", one_of(False, True, "auto"))
     jit_compile: bool = key(False, "XLA-compile the forward and backward pass")
-    tensorboard: bool = key(False, "TensorBoard logs in <run dir>/tensorboard")
+    tensorboard: Any = key("auto", "TensorBoard logs in <run dir>/tensorboard: per-epoch scalars, and the run as a "
+                           "session of the HParams dashboard; auto: on in sweeps (-m), off for single runs",
+                           one_of(False, True, "auto"))
     save_model: bool = key(True, "checkpoints (each epoch, and see below) + the SavedModel, in the run directory")
     checkpoint_every_steps: int = key(0, "also a checkpoint every N global steps within epochs (0: at epoch "
                                       "ends only)", NOT_NEGATIVE)

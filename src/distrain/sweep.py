@@ -77,12 +77,30 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
                  "", row["error"] or "(no error line)", "", "```", *row["log_tail"], "```"]
     report.write_text(sweep_dir / "summary.md", "\n".join(text) + "\n")
     picture = plot(summary, sweep_dir / "scaling.png")
+    sessions = log_dashboard(summary)
     print("\n".join([f"Sweep summary ({len(rows)} job(s), {len(summary.failed)} not ok): {sweep_dir}",
                      *summary.notes, table]), file=out)
     for row in summary.failed:
         print(f"job {row['job']}: {row['status']}: {row['error'] or 'see ' + row['run_dir']}", file=out)
     print(f"written: summary.csv, summary.md{', ' + picture.name if picture else ''}", file=out, flush=True)
+    if sessions:
+        print(f"TensorBoard's HParams dashboard ({sessions} job(s)): tensorboard --logdir {sweep_dir}", file=out,
+              flush=True)
     return summary
+
+
+def log_dashboard(summary: Summary) -> int:
+    """Where the jobs log for TensorBoard (trainer.tensorboard): each job's session again (a job killed
+    before it wrote one, the speed-ups), and the sweep's experiment, the dashboard's columns. Sessions."""
+    from . import dashboard  # (TensorBoard's protocol buffers: only for a sweep that logs for it)
+
+    jobs = [(summary.sweep_dir / row["run_dir"], row) for row in summary.rows]
+    if not any(dashboard.wanted(job_dir) for job_dir, _ in jobs):
+        return 0
+    sessions = [dashboard.log_session(job_dir, {k: row[k] for k in summary.varying if row[k] != ""}, row)
+                for job_dir, row in jobs]
+    dashboard.log_experiment(summary.sweep_dir, sessions)
+    return len(sessions)
 
 
 def mark_interrupted(sweep_dir: Path | None, why: str) -> None:
@@ -125,7 +143,7 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     state = status.get("status")
     if state in (None, "running"):  # the job never finished (killed, or still running)
         state = "ok" if results else "incomplete"
-    row = {"job": num, "overrides": dict(_split(o) for o in overrides),
+    row = {"job": num, "overrides": dict(split_override(o) for o in overrides),
            "searched": list((hydra_cfg.get("sweeper") or {}).get("params") or {}),
            "status": state,
            "exit_status": status.get("exit_status", ""), "error": status.get("error", ""),
@@ -135,7 +153,7 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     return row
 
 
-def _split(override: str) -> tuple[str, str]:
+def split_override(override: str) -> tuple[str, str]:
     """("cluster.workers", "2") from "cluster.workers=2"; Hydra's escapes undone ("/gpu\\:7" is /gpu:7)."""
     try:
         parsed = OverridesParser.create().parse_overrides([override])[0]
@@ -229,8 +247,8 @@ def _write_csv(path: Path, rows: list, columns: list) -> None:
     report.write_text(path, text.getvalue())
 
 
-def swept(hydra_config) -> str:
-    """This job's values of the keys its sweep varies, e.g. "cluster.workers=2" (all of its overrides
+def swept(hydra_config) -> list:
+    """This job's overrides of the keys its sweep varies, e.g. ["cluster.workers=2"] (all of its overrides
     where that cannot be told): the sweeper's params, and the sweep overrides the basic sweeper saved."""
     parser = OverridesParser.create()
     keys = set((hydra_config.sweeper.get("params") or {}).keys())
@@ -241,8 +259,7 @@ def swept(hydra_config) -> str:
     except Exception:  # noqa: BLE001 - a label only: never fail a job over it
         pass
     mine = list(hydra_config.overrides.task)
-    chosen = [o for o in mine if _split(o)[0] in keys]
-    return " ".join(chosen or mine)
+    return [o for o in mine if split_override(o)[0] in keys] or mine
 
 
 def main(argv: list) -> int:

@@ -81,7 +81,7 @@ def train(cfg, run_dir: Path, strategy=None):
     progress = resume(saves or Checkpoints(model, optimizer, out_dir), checkpoint_dir(cfg, run_dir), data.steps) \
         if t.resume else Progress()  # every task reads the chief's checkpoints
     runner = make_runner(strategy, cfg, data, model, optimizer, probabilities, progress)
-    run_epochs(runner, progress, t, data.steps, saves, out_dir / "tensorboard" / "train" if t.tensorboard else None)
+    run_epochs(runner, progress, t, data.steps, saves, out_dir / "tensorboard" / "train" if t.tensorboard is True else None)
     model, optimizer = runner.finish(model, rebuild=lambda: build(cfg, data, policy)[:2])
     compile_model(model, optimizer, t, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test = model.evaluate(data_lib.make_dataset(data.x_test, data.y_test, t.batch_size, seed=t.seed), verbose=0)
@@ -188,10 +188,12 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             saves.save(progress, (epoch + 1) * steps)
         if Preemption.requested and epoch + 1 < t.epochs:
             raise Preempted((epoch + 1) * steps)
-        if writer:
+        if writer:  # TensorBoard's scalars, as Keras names its epoch logs
+            scalars = {f"epoch_{name}": values[-1] for name, values in history.items()}
+            scalars["epoch_examples_per_sec"] = steps * t.batch_size / progress.epoch_seconds[-1]
             with writer.as_default(step=epoch):
-                for name, values in history.items():
-                    tf.summary.scalar(f"epoch_{name}", values[-1])
+                for name, value in (scalars | runner.scalars()).items():
+                    tf.summary.scalar(name, value)
     if writer:
         writer.close()
 
@@ -282,6 +284,10 @@ class SyncEpochs:
     def epoch_line(self, steps: int) -> str:
         return f"{steps} steps"
 
+    def scalars(self) -> dict:
+        """The epoch's scalars for TensorBoard beyond loss, accuracy and speed."""
+        return {"epoch_learning_rate": learning_rate(self.optimizer)}
+
     def finish(self, model, rebuild) -> tuple:
         """The trained model and its optimizer, to evaluate and save in this process: these."""
         return model, self.optimizer
@@ -292,6 +298,12 @@ class SyncEpochs:
                 "devices": replica_devices(self.strategy), "per_replica_batch_size": batch_size // replicas,
                 "steps_per_execution": self.per_call, "global_steps": int(self.optimizer.iterations.numpy()),
                 "seconds_to_first_step": seconds_since_start(self.first_step_at)}
+
+
+def learning_rate(optimizer) -> float:
+    """The optimizer's learning rate now (a schedule's at this step)."""
+    rate = optimizer.learning_rate
+    return float(keras.backend.get_value(rate(optimizer.iterations) if callable(rate) else rate))
 
 
 def bar_values(totals) -> list:
@@ -328,6 +340,7 @@ class AsyncEpochs:
         self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self.optimizer = optimizer
         self.worker_steps = [0] * workers
+        self.logged_steps = [0] * workers  # as the last epoch's scalars counted them
         print(f"coordinator up: {workers} worker(s)", flush=True)
         # TensorFlow waits without end for a call on a hung worker or ps task (it retries only on
         # tasks that fail), and so does a checkpoint, which registers a function on every task: the
@@ -371,6 +384,14 @@ class AsyncEpochs:
     def epoch_line(self, steps: int) -> str:
         per_worker = ", ".join(f"worker {i}: {n}" for i, n in enumerate(self.worker_steps))
         return f"global step {int(self.optimizer.iterations.numpy())} ({per_worker})"
+
+    def scalars(self) -> dict:
+        """The learning rate, and the steps each worker ran this epoch (asynchronous: a slow or lost
+        worker runs fewer)."""
+        ran = {f"epoch_steps_worker_{i}": n - before for i, (n, before) in
+               enumerate(zip(self.worker_steps, self.logged_steps))}
+        self.logged_steps = list(self.worker_steps)
+        return {"epoch_learning_rate": learning_rate(self.optimizer), **ran}
 
     def finish(self, model, rebuild) -> tuple:
         """A copy of the trained model and a fresh optimizer here on the coordinator (rebuild() makes

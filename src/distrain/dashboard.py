@@ -1,0 +1,162 @@
+"""TensorBoard's HParams dashboard: each run a session (its hyperparameters, its metrics and how it
+ended), a sweep one experiment (the hyperparameters it varies and the metrics it measures).
+
+Written from what a run leaves (config.yaml, results.json, status.json), so a job that failed or was
+killed is a session too, and a sweep's speed-ups (known only once every job has ended) are metrics.
+The records are TensorBoard's own: hparams summaries from its hparams API (`summary_v2`, the functions
+`tensorboard.plugins.hparams.api` exports, without the Keras callback that imports TensorFlow) and its
+event-file record writer. No TensorFlow here: the launcher and the sweep's callback write these.
+"""
+import io
+import math
+import os
+import time
+from pathlib import Path
+
+import yaml
+from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from tensorboard.plugins.hparams import summary_v2 as hp
+from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from . import report, schema, storage
+
+LOG_DIR = "tensorboard"  # <run dir>/tensorboard: the session; its train/ holds the per-epoch scalars
+FILE = "events.out.tfevents.0.distrain-hparams"  # one per session, rewritten as the run's record grows
+
+# The session's hyperparameters beyond the swept keys: name <- results.json key
+FACTS = [("strategy", "strategy"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
+         ("global_batch", "global_batch_size"), ("model", "model"), ("data", "data"), ("precision", "precision_policy")]
+# Its metrics: tag <- results.json key (speedup and efficiency: the sweep's, from its summary)
+METRICS = [("test_accuracy", "test_accuracy"), ("test_loss", "test_loss"), ("examples_per_sec", "examples_per_sec"),
+           ("steps_per_sec", "steps_per_sec"), ("train_seconds", "train_seconds"), ("speedup", None),
+           ("efficiency", None)]
+EPOCH_METRICS = ["epoch_loss", "epoch_accuracy"]  # the last epoch's, from train/ (the per-epoch scalars)
+STATUS = {"ok": api_pb2.STATUS_SUCCESS, "failed": api_pb2.STATUS_FAILURE, "interrupted": api_pb2.STATUS_FAILURE,
+          "running": api_pb2.STATUS_RUNNING}
+
+
+def wanted(run_dir: Path) -> bool:
+    """Whether the run in run_dir logs for TensorBoard (trainer.tensorboard in its config.yaml)."""
+    return _config(run_dir).get("trainer", {}).get("tensorboard") is True
+
+
+def log_session(run_dir: Path, swept: dict, row: dict | None = None) -> dict:
+    """The run's session in <run_dir>/tensorboard: `swept` ({override key: value}) and its facts as
+    hyperparameters, its results as metrics, its status.json as the session's end. `row`: the sweep
+    summary's row of the job, for its speed-up and efficiency. Returns the hyperparameters."""
+    run_dir = Path(run_dir)
+    results, status = report.read_results(run_dir) or {}, report.read_json(run_dir / report.STATUS) or {}
+    values = {key: typed(value) for key, value in swept.items()} | facts(run_dir, results)
+    start = _mtime(run_dir / "config.yaml") or _mtime(run_dir / report.STATUS) or time.time()
+    summaries = [hp.hparams_pb(values, trial_id=trial_id(run_dir, row), start_time_secs=start)]
+    for tag, name in METRICS:
+        value = results.get(name) if name else (row or {}).get(tag)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            summaries.append(scalar_pb(tag, value))
+    state = status.get("status") or ("ok" if results else "running")
+    if state in STATUS and state != "running":
+        end = plugin_data_pb2.SessionEndInfo(status=STATUS[state], end_time_secs=_mtime(run_dir / report.STATUS))
+        # (the API has no session end: it is made as the API makes its own summaries)
+        summaries.append(hp._summary_pb(metadata.SESSION_END_INFO_TAG,
+                                        plugin_data_pb2.HParamsPluginData(session_end_info=end)))
+    _write_events(run_dir / LOG_DIR / FILE, summaries, wall_time=_mtime(run_dir / report.STATUS) or start)
+    return values
+
+
+def log_experiment(log_dir: Path, sessions: list[dict]) -> Path:
+    """The experiment's columns, written once for a sweep in log_dir: every hyperparameter its sessions
+    have, with the values they take as its domain, and every metric, named for people."""
+    names = list(dict.fromkeys(name for values in sessions for name in values))
+    hparams = []
+    for name in names:
+        domain = sorted({v for values in sessions if (v := values.get(name)) is not None}, key=_order)
+        hparams.append(hp.HParam(name, Swept(domain) if len({type(v) for v in domain}) == 1 else None))
+    metrics = [hp.Metric(tag, display_name=tag.replace("_", " ")) for tag, _ in METRICS]
+    metrics += [hp.Metric(tag, group="train", display_name="final train " + tag.split("_")[1]) for tag in EPOCH_METRICS]
+    return _write_events(Path(log_dir) / LOG_DIR / FILE, [hp.hparams_config_pb(hparams, metrics)])
+
+
+class Swept(hp.Discrete):
+    """A hyperparameter's values, marked as differing where there are several: TensorBoard lists those
+    first, and its table shows the first few as columns."""
+
+    def update_hparam_info(self, hparam_info):
+        super().update_hparam_info(hparam_info)
+        hparam_info.differs = len(self.values) > 1
+
+
+def facts(run_dir: Path, results: dict) -> dict:
+    """Strategy, workers, ps, replicas, global batch, model, data and precision: as results.json says,
+    else (a run that failed before it finished) as much as its config.yaml says."""
+    found = {name: results[key] for name, key in FACTS if results.get(key) is not None}
+    cfg = _config(run_dir)
+    if cfg and not results:
+        strategy, cluster = cfg["strategy"]["name"], cfg.get("cluster", {})
+        found["strategy"] = strategy
+        if strategy not in schema.CLUSTER_STRATEGIES:
+            found["workers"], found["ps"] = 1, 0
+        elif cluster.get("name") == "local":  # (a real cluster's size is its spec's)
+            found["workers"], found["ps"] = cluster.get("workers"), cluster.get("ps") if strategy == schema.PS else 0
+        found["global_batch"] = cfg["trainer"]["batch_size"]
+        found["model"], found["data"] = schema.label(cfg["model"]), schema.label(cfg["data"])
+    return {name: typed(value) for name, value in found.items() if value is not None}
+
+
+def trial_id(run_dir: Path, row: dict | None) -> str:
+    """How the dashboard names the session: the job's number in a sweep, else the run directory."""
+    num = (row or {}).get("job")
+    if num is None:
+        num = (report.read_json(Path(run_dir) / report.STATUS) or {}).get("job")
+    return f"job {num}" if num is not None else str(run_dir)
+
+
+def typed(value):
+    """A hyperparameter's value as TensorBoard takes it: a bool, number or string ("0.01" is 0.01)."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    text = str(value)
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _order(value):
+    return (isinstance(value, str), value)
+
+
+def _config(run_dir: Path) -> dict:
+    try:
+        return yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _write_events(path: Path, summaries: list, wall_time: float | None = None) -> Path:
+    """An event file of these summaries, written whole (a TensorBoard reading the directory sees all of
+    it or none). With `wall_time`, the same summaries make the same bytes (a kept run's files stay as
+    they were)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer, now = io.BytesIO(), wall_time or time.time()
+    records = RecordWriter(buffer)
+    records.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+    for summary in summaries:
+        for value in summary.value:  # a session's map of hparams, in the order of its keys
+            if value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                content = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                value.metadata.plugin_data.content = content.SerializeToString(deterministic=True)
+        records.write(event_pb2.Event(wall_time=now, step=0, summary=summary).SerializeToString(deterministic=True))
+    return storage.write_text(path, buffer.getvalue())
