@@ -1,4 +1,6 @@
 """pytest's hooks and the fixtures every test gets; the helpers tests import are in helpers.py."""
+import sys
+
 import pytest
 
 import distrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any TensorFlow import)
@@ -12,6 +14,16 @@ def two_virtual_cpus():
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+@pytest.fixture(autouse=True)
+def forget_runners():
+    """The product keeps every run's runner for its process's life (training.KEPT); in-process tests
+    run many in one process."""
+    yield
+    training = sys.modules.get("distrain.training")
+    if training:
+        training.KEPT.clear()
 
 
 @pytest.fixture(autouse=True)
