@@ -125,37 +125,51 @@ def check_forked(run_dir):
         b"-m", b"distrain.forkserver", str(run_dir / "config.yaml").encode()]
 
 
-def test_a_killed_parameter_server_worker_is_restarted_and_works_again(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "data.train_examples=2048", "trainer.epochs=16", "trainer.batch_size=32", "trainer.save_model=false",
-                 "trainer.verbose=2")
-    chief_log, worker_log = run_dir / "logs" / "chief-0.log", run_dir / "logs" / "worker-1.log"
-    epoch_lines = lambda: re.findall(r"Epoch \d+/16 - .*worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
+def test_parameter_server_workers_lost_in_turn_are_restarted_until_one_is_past_its_budget(tmp_path):
+    """Three workers lost four times in turn (0, 1, 2, then 0 again) under cluster.max_restarts=1: each
+    is restarted once on its own address; worker 0's second loss is past its own budget, so it leaves
+    and the run goes on with workers 1 and 2, to its end, and learns."""
+    run_dir, epochs_run = tmp_path / "run", 64  # (about twice what the losses take)
+    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=3", "cluster.ps=1", "data=synthetic",
+                 "data.train_examples=2048", f"trainer.epochs={epochs_run}", "trainer.batch_size=32",
+                 "trainer.save_model=false", "trainer.verbose=2", "cluster.max_restarts=1", "model=mlp")
+    chief_log = run_dir / "logs" / "chief-0.log"
+    logs = [run_dir / "logs" / f"worker-{i}.log" for i in range(3)]
+    epochs = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+), worker 2: (\d+)\)",  # noqa: E731
+                                chief_log.read_text())
     try:
-        wait_until(lambda: chief_log.exists() and "Epoch 2/16" in chief_log.read_text(), proc, "epoch 2")
+        wait_until(lambda: chief_log.exists() and len(epochs()) >= 2, proc, "epoch 2")
         cluster = json.loads((run_dir / "cluster.json").read_text())
         if cluster["network"] == "private network namespace":  # where the platform allows one
             for address in [a for addresses in cluster["cluster"].values() for a in addresses]:
                 host, port = address.split(":")
                 with pytest.raises(ConnectionRefusedError):  # the servers are unreachable from outside
                     socket.create_connection((host, int(port)), timeout=5).close()
-        kill_task(run_dir, "worker-1")
-        wait_until(lambda: "ready" in worker_log.read_text().partition("--- restart 1 ---")[2], proc, "restart")
-        seen = len(epoch_lines())  # the epoch after the next one is scheduled wholly after the restart
-        check_forked(run_dir)  # the restarted worker too
+        for i in range(3):  # one after another, each once the last is back, as losses spread over time are
+            kill_task(run_dir, f"worker-{i}")
+            wait_until(lambda: "--- restart 1 ---" in logs[i].read_text(), proc, f"worker {i}'s restart")
+            lost = int(epochs()[-1][i])
+            wait_until(lambda: int(epochs()[-1][i]) > lost + 8, proc, f"worker {i} to train again")
+        check_forked(run_dir)  # the restarted workers too
+        kill_task(run_dir, "worker-0")
+        wait_until(lambda: len(json.loads((run_dir / "cluster.json").read_text())["restarts"]) == 4, proc,
+                   "worker 0 to leave")
+        since = len(epochs())
     finally:
         out = finish(proc)
     assert proc.returncode == 0, out[-4000:]
-    assert "task worker-1 exited with status -9: restarting it on its own address" in out
+    assert "task worker-0 exited with status -9: restarting it on its own address (restart 1 of 1" in out
+    assert "task worker-2 exited with status -9: restarting it on its own address (restart 1 of 1" in out
+    assert ("task worker-0 exited with status -9 and worker-0 was restarted 1 time(s) already within 3600 s "
+            "(cluster.restart_window) (cluster.max_restarts=1): it leaves the run, which goes on with 2 worker(s)") in out
     results = json.loads((run_dir / "results.json").read_text())
-    assert len(results["history"]["loss"]) == 16 and results["test_accuracy"] > 0.5
-    before = int(epoch_lines()[seen])
-    assert int(results["worker_steps"]["1"]) > before > 0  # the restarted worker trained again
-    assert untimed(results["task_restarts"]) == [{"task": "worker-1", "exit_status": -9,
-                                                  "restarted": "it on its own address", "budget": "worker-1"}]
-    tasks = {t["name"]: t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
-    assert tasks["worker-1"]["restarts"] == 1 and tasks["worker-0"]["restarts"] == 0
+    assert len(results["history"]["loss"]) == epochs_run and results["test_accuracy"] > 0.5
+    after = [[int(n) for n in line] for line in epochs()[since:]]
+    assert len(after) >= 2, "the run ended before it went on without worker 0"
+    assert after[-1][0] == after[0][0] and after[-1][1] > after[0][1] and after[-1][2] > after[0][2]
+    assert [r["task"] for r in untimed(results["task_restarts"])] == ["worker-0", "worker-1", "worker-2", "worker-0"]
+    assert results["task_restarts"][-1]["restarted"] == "no: it left the run"
+    assert (results["workers_left_the_run"], results["final_num_workers"]) == (["worker-0"], 2)
     assert "Failed to connect" not in out  # the coordinator's retries stay in its log
     assert "ERROR:tensorflow" not in out and "ERROR:tensorflow" in chief_log.read_text()  # (the control)
     assert_nothing_left(run_dir)
@@ -260,6 +274,50 @@ def test_manual_mode_by_hand_in_three_terminals(tmp_path, workers_labels):
             if server.poll() is None:
                 server.kill()
             server.communicate()
+    assert_nothing_left(tmp_path)
+
+
+def test_a_worker_an_orchestrator_restarts_rejoins_a_manual_cluster(tmp_path):
+    """cluster=manual, each task started by the test as an orchestrator would: worker 1 is killed (its
+    launcher and task, as a lost machine), then started again with the same command on the same
+    address. The coordinator takes it back: its steps grow again. Then Ctrl-C ends every task."""
+    ps, *workers, chief = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(4))
+    common = ["strategy=parameter_server", "cluster=manual", f"cluster.worker_hosts=[{','.join(workers)}]",
+              f"cluster.ps_hosts=[{ps}]", f"cluster.chief_host={chief}", "data=synthetic", "data.train_examples=2048",
+              "trainer.epochs=1000", "trainer.batch_size=32", "trainer.save_model=false", "trainer.verbose=2",
+              "model=mlp"]
+    worker_1 = [*common, "cluster.task_type=worker", "cluster.task_index=1"]
+    for name in ("ps", "worker-0", "worker-1", "chief"):
+        (tmp_path / name).mkdir()
+    servers = [start(tmp_path / "ps" / "run", *common, "cluster.task_type=ps", "cluster.task_index=0"),
+               start(tmp_path / "worker-0" / "run", *common, "cluster.task_type=worker", "cluster.task_index=0"),
+               start(tmp_path / "worker-1" / "run", *worker_1)]
+    proc = start(tmp_path / "chief" / "run", *common, "cluster.task_type=chief", "cluster.task_index=0")
+    chief_log = tmp_path / "chief" / "run" / "logs" / "chief-0.log"
+    worker_log = tmp_path / "worker-1" / "run" / "logs" / "worker-1.log"
+    steps = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
+    try:
+        wait_until(lambda: chief_log.exists() and len(steps()) >= 2 and int(steps()[-1][1]) > 0, proc, "epoch 2")
+        servers[2].kill()  # the launcher; its task dies with it
+        servers[2].communicate(timeout=30)
+        wait_until(lambda: len({n for _, n in steps()[-3:]}) == 1, proc, "3 epochs without worker 1")
+        lost = int(steps()[-1][1])
+        servers[2] = start(tmp_path / "worker-1" / "run", *worker_1)  # the same command again
+        wait_until(lambda: "ready" in worker_log.read_text().partition("--- started again")[2], proc, "its restart")
+        wait_until(lambda: int(steps()[-1][1]) > lost, proc, "worker 1's steps to grow again")
+        proc.send_signal(signal.SIGINT)
+        out = finish(proc)
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.send_signal(signal.SIGINT)
+        codes = [server.wait(timeout=30) for server in servers]
+        for server in servers:
+            server.communicate()
+    assert proc.returncode == 130 and "Traceback" not in out, out[-4000:]
+    assert codes == [130, 130, 130]  # each serving until stopped, the restarted one too
+    first, _, again = worker_log.read_text().partition("--- started again")
+    assert "ready" in first and "ready" in again  # the log goes on
     assert_nothing_left(tmp_path)
 
 

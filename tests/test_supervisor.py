@@ -28,6 +28,19 @@ def test_what_a_tasks_end_means_for_the_run(code, alone, essential, restarts_lef
     assert decide(code, alone, essential, restarts_left, others_left) == action
 
 
+@pytest.mark.parametrize("restarts_left, others_left, cluster_left, action", [
+    (True, True, True, RESTART_CLUSTER),  # it could not rejoin alone: the whole cluster restarts
+    (True, True, False, LEAVE),           # ... unless the cluster's restarts are spent: then it leaves too
+    (True, False, False, FAIL),           # ... or ends the run, the last worker
+    (False, True, True, LEAVE),           # past its own budget: it leaves, as without a departure
+])
+def test_a_worker_lost_after_another_left_restarts_the_cluster(restarts_left, others_left, cluster_left, action):
+    """Once a parameter-server worker has left the run, TensorFlow's coordinator cannot take another
+    back alone (it updates the whole cluster, and the one that left never answers)."""
+    assert decide(-9, True, True, restarts_left, others_left, one_left=True, cluster_left=cluster_left) == action
+    assert decide(-9, True, True, True, others_left, one_left=False, cluster_left=cluster_left) == RESTART_IT  # control
+
+
 @pytest.mark.parametrize("strategy, states", [
     ("multi_worker_mirrored", {"worker-0": (False, True, True), "worker-1": (False, True, True),
                                "evaluator-0": (False, False, True)}),

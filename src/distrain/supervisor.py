@@ -98,13 +98,15 @@ class Restarts:
         """Whether a lost essential task would restart the cluster (rather than end the run)."""
         return len(self._within_window(self.CLUSTER)) < self.limit
 
-    def take(self, task, code: int | None, why: str, what: str, restarted: list) -> None:
-        """`task` exited with `code` (None: it hung), as `why` says: the `restarted` tasks start again."""
-        self.done.append({"task": task.name, "exit_status": code, "restarted": what,
-                          "budget": task.name if task.alone else self.CLUSTER, "time": round(self.clock(), 3)})
+    def take(self, task, code: int | None, why: str, what: str, restarted: list, whole: bool = False) -> None:
+        """`task` exited with `code` (None: it hung), as `why` says: the `restarted` tasks start again
+        (`whole`: the cluster, from the cluster's budget whatever the task)."""
+        budget = self.CLUSTER if whole or not task.alone else task.name
+        self.done.append({"task": task.name, "exit_status": code, "restarted": what, "budget": budget,
+                          "time": round(self.clock(), 3)})
         self.per_task.update(t.name for t in restarted)
         log.warning("%s: restarting %s (restart %d of %d%s, cluster.max_restarts)", why, what,
-                    len(self._counted(task)), self.limit, self._within())
+                    len(self._within_window(budget)), self.limit, self._within())
 
     def leave(self, task, code: int | None, why: str, others: int) -> None:
         """`task`, past its budget, leaves the run to the `others` like it."""
@@ -161,6 +163,7 @@ class Task:
     main: bool = True
     essential: bool = True
     alone: bool = False
+    left: bool = False  # it left the run, past its budget (alone)
     quiet: bool = False
     first_error: FirstError = field(default_factory=FirstError)  # shared by the tasks of one run
     spec: object = None  # the cluster.TaskSpec, for cluster tasks
@@ -211,9 +214,13 @@ class Task:
         the log only. The log keeps only the last state of lines redrawn with carriage returns."""
         out, pending, shown = sys.stdout.buffer, b"", 0  # shown: bytes of `pending` already on the terminal
         err = sys.stderr.buffer  # a task's "error: ..." line goes where errors go
-        with TaskLog(self.log_path, append=bool(self.restarts)) as logfile:  # a restart goes on in the same log
-            if self.restarts:
-                logfile.write(f"--- restart {self.restarts} ---\n".encode())
+        # A restart goes on in the same log, and so does a task started again in its run directory (a
+        # resumed run; a real cluster's task that its orchestrator started again).
+        again = not self.restarts and self.log_path.exists()
+        with TaskLog(self.log_path, append=bool(self.restarts) or again) as logfile:
+            if self.restarts or again:
+                logfile.write((f"--- restart {self.restarts} ---\n" if self.restarts else
+                               f"--- started again at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n").encode())
             for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
@@ -331,19 +338,27 @@ def print_failure(outcome: Outcome, log_path: Path) -> None:
 GO_ON, RESTART_IT, LEAVE, RESTART_CLUSTER, FAIL = "go on", "restart it", "leave", "restart the cluster", "fail"
 
 
-def decide(code: int, alone: bool, essential: bool, restarts_left: bool, others_left: bool = False) -> str:
+def decide(code: int, alone: bool, essential: bool, restarts_left: bool, others_left: bool = False,
+           one_left: bool = False, cluster_left: bool = False) -> str:
     """What a task's end means for the run. code: its exit status (1 if it hung); alone: it can be
     restarted on its own (a parameter-server worker); essential: the run cannot go on without it (not
     a sidecar evaluator); restarts_left: its budget (cluster.max_restarts) allows another restart;
-    others_left: other tasks like it still run, so that one past its budget may leave the run to them.
+    others_left: other tasks like it still run, so that one past its budget may leave the run to them;
+    one_left: a task like it has left the run already, so that one restarted alone could not rejoin
+    (TensorFlow's coordinator takes a worker back only once every worker answers): the cluster
+    restarts instead, as cluster_left (the cluster's budget) allows.
     A status of 2 is a configuration error, which a restart would repeat and leaving would hide."""
     if code == 0:
         return GO_ON
     can_restart = restarts_left and code != 2
-    if alone and can_restart:
-        return RESTART_IT
-    if alone and others_left and code != 2:
-        return LEAVE
+    if alone and code != 2:
+        if can_restart and not one_left:
+            return RESTART_IT
+        if can_restart and cluster_left:
+            return RESTART_CLUSTER
+        if others_left:
+            return LEAVE
+        return FAIL if essential else GO_ON
     if essential:
         return RESTART_CLUSTER if can_restart else FAIL
     return GO_ON
@@ -425,7 +440,12 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
         seen.add(task.name)
         changed("running")
         others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None]
-        action = decide(code, task.alone, task.essential, bool(restarts and restarts.left(task)), bool(others))
+        gone = [t.name for t in tasks if t.left]
+        action = decide(code, task.alone, task.essential, bool(restarts and restarts.left(task)), bool(others),
+                        bool(gone), bool(restarts and restarts.cluster_left()))
+        if task.alone and action == RESTART_CLUSTER:
+            why += (f" ({', '.join(gone)} left the run, and TensorFlow's coordinator takes a worker back only once "
+                    "every worker answers)")
         if action == RESTART_IT:
             restarts.take(task, code, why, "it on its own address", [task])
             task.restarts = restarts.per_task[task.name]
@@ -434,10 +454,12 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
             changed("running")  # its new pid
         elif action == LEAVE:
             task.stop()  # (one that hung: for good)
+            task.left = True
             restarts.leave(task, None if task.hung else code, why, len(others))
             changed("running")  # cluster.json: it left
         elif action == RESTART_CLUSTER:
-            restarts.take(task, None if task.hung else code, why, "the cluster from its latest checkpoint", tasks)
+            restarts.take(task, None if task.hung else code, why, "the cluster from its latest checkpoint", tasks,
+                          whole=True)
             return Outcome(code, "restarting", why, restart=True)
         elif action == FAIL:
             error = restarts.exhausted(why, task) if restarts else why
