@@ -175,38 +175,56 @@ def test_parameter_server_workers_lost_in_turn_are_restarted_until_one_is_past_i
     assert_nothing_left(run_dir)
 
 
-def test_a_parameter_server_worker_past_its_budget_leaves_and_the_last_one_ends_the_run(tmp_path):
-    """cluster.max_restarts=0: worker 1 killed leaves the run, which goes on with worker 0 (its steps
-    keep growing); worker 0 killed next is the last, and ends the run in one line."""
+def test_a_parameter_server_worker_past_its_budget_leaves_then_a_loss_restarts_the_cluster(tmp_path):
+    """cluster.max_restarts=1 within cluster.restart_window=3 s: worker 1 lost is restarted; lost again
+    once that restart is older than the window, it is restarted again; lost a third time at once, it
+    is past its budget and leaves the run, which goes on with worker 0 (its steps keep growing). Worker 0
+    lost next cannot rejoin alone with worker 1 gone: the cluster restarts, both workers in it."""
     run_dir, tmp = tmp_path / "run", tmp_path / "tmp"  # this run's temporary files, apart from other runs'
     tmp.mkdir()
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.save_model=false", "cluster.max_restarts=0",
-                 "trainer.verbose=2", env={**os.environ, "TMPDIR": str(tmp)})
-    chief_log = run_dir / "logs" / "chief-0.log"
+                 "trainer.epochs=200", "trainer.batch_size=32", "trainer.save_model=false", "cluster.max_restarts=1",
+                 "cluster.restart_window=3", "trainer.verbose=2", env={**os.environ, "TMPDIR": str(tmp)})
+    chief_log, worker_log = run_dir / "logs" / "chief-0.log", run_dir / "logs" / "worker-1.log"
+    epochs = lambda: re.findall(r"global step \d+ \(worker 0: (\d+), worker 1: (\d+)\)",  # noqa: E731
+                                chief_log.read_text())
+    restarts = lambda: json.loads((run_dir / "cluster.json").read_text())["restarts"]  # noqa: E731
     try:
-        wait_until(lambda: chief_log.exists() and "Epoch 2/50" in chief_log.read_text(), proc, "epoch 2")
+        wait_until(lambda: chief_log.exists() and len(epochs()) >= 2, proc, "epoch 2")
         scratch = list(tmp.glob("distrain-scratch-*/distrain-data-*/train-*"))
         assert len(scratch) == 2  # the control: while it runs, the workers read the synthetic data from there
         kill_task(run_dir, "worker-1")
-        wait_until(lambda: json.loads((run_dir / "cluster.json").read_text())["restarts"], proc, "worker 1 to leave")
-        epochs = lambda: re.findall(r"global step \d+ \(worker 0: (\d+), worker 1: (\d+)\)",  # noqa: E731
-                                    chief_log.read_text())
+        wait_until(lambda: "--- restart 1 ---" in worker_log.read_text(), proc, "worker 1's restart")
+        first, lost = restarts()[0]["time"], int(epochs()[-1][1])
+        wait_until(lambda: int(epochs()[-1][1]) > lost and time.time() > first + 3.5, proc, "the window to pass")
+        kill_task(run_dir, "worker-1")  # its restart is older than the window: restarted again
+        wait_until(lambda: "--- restart 2 ---" in worker_log.read_text(), proc, "worker 1's second restart")
+        kill_task(run_dir, "worker-1")  # within the window of the last: past its budget
+        wait_until(lambda: len(restarts()) == 3, proc, "worker 1 to leave")
         since = len(epochs())
         wait_until(lambda: len(epochs()) >= since + 2, proc, "two epochs without worker 1")
+        left = epochs()[since:since + 2]
         kill_task(run_dir, "worker-0")
+        wait_until(lambda: "Epoch 2/200" in chief_log.read_text().partition("--- restart 1 ---")[2], proc,
+                   "the restarted cluster's epoch 2")
+        both = epochs()[-1]
+        proc.send_signal(signal.SIGINT)
     finally:
         out = finish(proc)
-    assert "task worker-1 exited with status -9: it leaves the run, which goes on with 1 worker(s)" in out
-    (first_0, first_1), (second_0, second_1) = epochs()[since:since + 2]
+    assert out.count("task worker-1 exited with status -9: restarting it on its own address (restart 1 of 1 within "
+                     "3 s (cluster.restart_window), cluster.max_restarts)") == 2
+    assert ("task worker-1 exited with status -9 and worker-1 was restarted 1 time(s) already within 3 s "
+            "(cluster.restart_window) (cluster.max_restarts=1): it leaves the run, which goes on with 1 worker(s)") in out
+    (first_0, first_1), (second_0, second_1) = left
     assert int(second_0) > int(first_0) and second_1 == first_1  # worker 0's steps grow, worker 1's do not
-    assert proc.returncode == 247, out[-4000:]  # -9 as an exit status
-    assert ("error: task worker-0 exited with status -9, and no other worker is left; raise cluster.max_restarts, "
-            "or read the workers' logs for why they die") in out
-    assert not (run_dir / "results.json").exists()
-    restarts = untimed(json.loads((run_dir / "cluster.json").read_text())["restarts"])
-    assert restarts == [{"task": "worker-1", "exit_status": -9, "restarted": "no: it left the run",
-                         "budget": "worker-1"}]
+    assert ("task worker-0 exited with status -9 (worker-1 left the run, and TensorFlow's coordinator takes a worker "
+            "back only once every worker answers): restarting the cluster from its latest checkpoint (restart 1 of 1 "
+            "within 3 s (cluster.restart_window), cluster.max_restarts)") in out
+    assert int(both[0]) > 0 and int(both[1]) > 0  # the restarted cluster trains on both workers
+    assert proc.returncode == 130, out[-4000:]
+    assert [(r["task"], r["restarted"]) for r in untimed(restarts())] == [
+        ("worker-1", "it on its own address"), ("worker-1", "it on its own address"),
+        ("worker-1", "no: it left the run"), ("worker-0", "the cluster from its latest checkpoint")]
     assert_nothing_left(run_dir)
     assert not [p for p in scratch if p.exists()]  # ...and they went with the run
 

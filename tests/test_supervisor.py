@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from distrain import launcher
+from distrain import launcher, supervisor
 from distrain.supervisor import FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
 from helpers import make_cfg
 
@@ -84,3 +84,23 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     ever.take(w0, -9, "w0 died", "it on its own address", [w0])
     now[0] += 10 ** 6
     assert not ever.left(w0) and Restarts(0).exhausted("task worker-1 died", w0) == "task worker-1 died"
+
+
+def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path):
+    """_ended() on tasks whose processes are stand-ins: worker 1 left the run already, worker 0 is lost
+    with no restart left (cluster.max_restarts=0): the run fails, the line names the task and why."""
+    (tmp_path / "logs").mkdir()
+    tasks = []
+    for name, code, left in (("worker-0", -9, False), ("worker-1", -9, True), ("chief-0", None, False)):
+        task = supervisor.Task(name, [], alone=name.startswith("worker"), left=left)
+        task.proc = SimpleNamespace(poll=lambda code=code: code, pid=0)
+        task.log_path, task._pump = tmp_path / "logs" / f"{name}.log", SimpleNamespace(join=lambda timeout: None)
+        task.log_path.write_text("Epoch 3/9 - global step 96\n")
+        tasks.append(task)
+    outcome = supervisor._ended(tasks, {"worker-1"}, tmp_path, Restarts(0), lambda status: None)
+    assert outcome.status == "failed" and outcome.code == -9
+    assert outcome.error == ("task worker-0 exited with status -9, and no other worker is left; raise "
+                             "cluster.max_restarts, or read the workers' logs for why they die")
+    budget = Restarts(1)  # the control: with a restart left, the cluster restarts instead
+    outcome = supervisor._ended(tasks, {"worker-1"}, tmp_path, budget, lambda status: None)
+    assert outcome.restart and [r["restarted"] for r in budget.done] == ["the cluster from its latest checkpoint"]
