@@ -285,6 +285,30 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     assert_nothing_left(tmp_path)
 
 
+def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
+    """Under parameter servers too: a ps task holds the only copy of its variables, so with no cluster
+    restart left its loss ends the run; one error line on the terminal, no TensorFlow error lines."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=1", "cluster.ps=1", "data=synthetic",
+                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=0", *SGD_MLP)
+    log = run_dir / "logs" / "chief-0.log"
+    try:
+        wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
+        kill_task(run_dir, "ps-0")
+    finally:
+        out = finish(proc, timeout=60)
+    assert proc.returncode == 247, out[-3000:]  # -9 as an exit status
+    assert f"error: task ps-0 exited with status -9; the end of its log ({run_dir / 'logs' / 'ps-0.log'}):" in out
+    # The coordinator's reports of the functions it retries, and TensorFlow's of the functions it cannot
+    # register (which of them depends on the timing), stay in its log: after its epochs, at most its own line.
+    training = out.partition("steps per epoch")[2].splitlines()[1:]
+    assert [line for line in training if line.startswith("[chief-0] ") and "Epoch" not in line and
+            not line.startswith("[chief-0] error: a task of the cluster was lost mid-training (")] == [], out[-3000:]
+    assert "Traceback" not in out and "ERROR:tensorflow" not in out
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
+    assert_nothing_left(tmp_path)
+
+
 @pytest.mark.parametrize("strategy, log_name", [("default", "train"), ("parameter_server", "chief-0"),
                                                ("multi_worker_mirrored", "worker-0")])
 def test_sigterm_checkpoints_the_step_it_stopped_at_and_resume_starts_there(tmp_path, strategy, log_name):

@@ -43,12 +43,14 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"computation placer already registered", b"TF-TRT Warning",
          b"This TensorFlow binary is optimized", b"To enable the following instructions",
          b"GeneratorDatasetOp::Dataset will not be optimized",
-         b"function remotely due to failed to connect", b"Additional GRPC error information from remote",
+         b"function remotely due to", b"Additional GRPC error information from remote",
          b"This could happen if the remote target has been", b":UNKNOWN:Error received from peer",
          b"Ignoring an error encountered when deleting remote tensors",
          b"encountered the following error when processing", b"\t [[{{node ",
          b"MultiDeviceSaver.save.<locals>.tf_function_save",  # its checkpoints under parameter servers
          b"ERROR:tensorflow:Worker /job:worker/", b"Local rendezvous is aborting with status",
+         b"ERROR:tensorflow:Remote function on worker ",  # a ps task lost: retried, then the launcher acts
+         b"ERROR:tensorflow:Start cancelling closures due to error", b"RecvTensor cancelled for",
          b"Device filters can only be specified when initializing",  # a worker lost, then back
          b"OP_REQUIRES failed at",  # an op's error, which the task says in its own words
          b"Aborting RingReduce with", b"BaseCollectiveExecutor::StartAbort",  # a synchronous peer lost:

@@ -41,6 +41,8 @@ def main(argv=None) -> int:
         from .strategy import configure_devices, is_chief, make_strategy
         from .training import train
 
+        one_line_records()
+
         if task and cfg.strategy.name == PS:  # the coordinator: up once its ps and workers are
             cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
         configure_devices(cfg.strategy)
@@ -122,6 +124,25 @@ def evaluate(cfg, run_dir: Path, task) -> int:
     except OSError as exc:
         raise full_disk(exc, cfg, run_dir) or exc
     return 0
+
+
+def one_line_records() -> None:
+    """Each record of TensorFlow's Python logger once, on one line: a report of several lines (a function
+    the coordinator retries, with its causes) is then noise or not as a whole, by its first words
+    (supervisor.NOISE), and stays whole in the task's log."""
+    import logging
+
+    import tensorflow as tf
+
+    class OneLine(logging.Formatter):
+        def format(self, record):
+            return super().format(record).replace("\n", " | ")
+
+    logger = tf.get_logger()
+    for handler in logger.handlers:  # (made by its first call)
+        handler.setFormatter(OneLine(handler.formatter._fmt if handler.formatter else logging.BASIC_FORMAT))
+    if logger.handlers:  # not again through a handler the root logger gets later (each report was twice)
+        logger.propagate = False
 
 
 def serve(task, spec: dict | None = None, startup_timeout: float = 0) -> int:
