@@ -134,10 +134,15 @@ def test_a_sweep_is_one_experiment_of_tensorboards_hparams_dashboard(device_swee
         port = portpicker.pick_unused_port()
         server = screenshots.serve(sweep_dir, port, log)
         try:
-            experiment = ask(port, "experiment", {"experimentName": ""})
-            groups = ask(port, "session_groups", {
-                "experimentName": "", "startIndex": 0, "sliceSize": 10, "colParams": [],
-                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]})
+            deadline = time.monotonic() + 60  # (a server may answer before it has read every event file)
+            while True:
+                experiment = ask(port, "experiment", {"experimentName": ""})
+                groups = ask(port, "session_groups", {
+                    "experimentName": "", "startIndex": 0, "sliceSize": 10, "colParams": [],
+                    "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]})
+                if len(groups.get("sessionGroups", [])) >= 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
         finally:
             screenshots.stop(server)
     hparams = {h["name"]: h for h in experiment["hparamInfos"]}
