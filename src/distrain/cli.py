@@ -41,8 +41,7 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     job = None
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        chosen = sweep.swept(hydra_cfg)
-        job = launcher.Job(hydra_cfg.job.num, " ".join(chosen), dict(map(sweep.split_override, chosen)))
+        job = launcher.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg))
     code = launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
     if code in INTERRUPTED and job:
         print(f"sweep interrupted during job {job}: `distrain summarize {hydra_cfg.sweep.dir}` summarises "

@@ -49,19 +49,23 @@ def log_session(run_dir: Path, swept: dict, row: dict | None = None) -> dict:
     run_dir = Path(run_dir)
     results, status = report.read_results(run_dir) or {}, report.read_json(run_dir / report.STATUS) or {}
     values = {key: typed(value) for key, value in swept.items()} | facts(run_dir, results)
-    start = _mtime(run_dir / "config.yaml") or _mtime(run_dir / report.STATUS) or time.time()
-    summaries = [hp.hparams_pb(values, trial_id=trial_id(run_dir, row), start_time_secs=start)]
+    ended = _mtime(run_dir / report.STATUS)
+    start = _mtime(run_dir / "config.yaml") or ended or time.time()
+    num = (row or {}).get("job")
+    num = status.get("job") if num is None else num
+    summaries = [hp.hparams_pb(values, trial_id=f"job {num}" if num is not None else str(run_dir),
+                               start_time_secs=start)]  # (a sweep's job by its number, else the run directory)
     for tag, name in METRICS:
         value = results.get(name) if name else (row or {}).get(tag)
         if isinstance(value, (int, float)) and math.isfinite(value):
             summaries.append(scalar_pb(tag, value))
     state = status.get("status") or ("ok" if results else "running")
     if state in STATUS and state != "running":
-        end = plugin_data_pb2.SessionEndInfo(status=STATUS[state], end_time_secs=_mtime(run_dir / report.STATUS))
+        end = plugin_data_pb2.SessionEndInfo(status=STATUS[state], end_time_secs=ended)
         # (the API has no session end: it is made as the API makes its own summaries)
         summaries.append(hp._summary_pb(metadata.SESSION_END_INFO_TAG,
                                         plugin_data_pb2.HParamsPluginData(session_end_info=end)))
-    _write_events(run_dir / LOG_DIR / FILE, summaries, wall_time=_mtime(run_dir / report.STATUS) or start)
+    _write_events(run_dir / LOG_DIR / FILE, summaries, wall_time=ended or start)
     return values
 
 
@@ -102,14 +106,6 @@ def facts(run_dir: Path, results: dict) -> dict:
         found["global_batch"] = cfg["trainer"]["batch_size"]
         found["model"], found["data"] = schema.label(cfg["model"]), schema.label(cfg["data"])
     return {name: typed(value) for name, value in found.items() if value is not None}
-
-
-def trial_id(run_dir: Path, row: dict | None) -> str:
-    """How the dashboard names the session: the job's number in a sweep, else the run directory."""
-    num = (row or {}).get("job")
-    if num is None:
-        num = (report.read_json(Path(run_dir) / report.STATUS) or {}).get("job")
-    return f"job {num}" if num is not None else str(run_dir)
 
 
 def typed(value):

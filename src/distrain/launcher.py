@@ -35,11 +35,19 @@ log = logging.getLogger("distrain")
 
 @dataclass
 class Job:
-    """Where a run stands in a sweep: its number, and the values swept for it (e.g. "cluster.workers=2",
-    and as {key: value})."""
+    """Where a run stands in a sweep: its number, and its overrides of the keys the sweep varies
+    (e.g. ["cluster.workers=2"])."""
     num: int
-    swept: str = ""
-    values: dict = field(default_factory=dict)
+    overrides: list = field(default_factory=list)
+
+    @property
+    def swept(self) -> str:
+        return " ".join(self.overrides)
+
+    @property
+    def values(self) -> dict:
+        """The swept values, {key: value}."""
+        return dict(map(split_override, self.overrides))
 
     def __str__(self) -> str:
         return f"#{self.num}" + (f" ({self.swept})" if self.swept else "")

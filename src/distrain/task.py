@@ -135,12 +135,16 @@ def one_line_records() -> None:
     import tensorflow as tf
 
     class OneLine(logging.Formatter):
+        def __init__(self, formatter):
+            super().__init__()
+            self.formatter = formatter or logging.Formatter(logging.BASIC_FORMAT)
+
         def format(self, record):
-            return super().format(record).replace("\n", " | ")
+            return self.formatter.format(record).replace("\n", " | ")
 
     logger = tf.get_logger()
     for handler in logger.handlers:  # (made by its first call)
-        handler.setFormatter(OneLine(handler.formatter._fmt if handler.formatter else logging.BASIC_FORMAT))
+        handler.setFormatter(OneLine(handler.formatter))
     if logger.handlers:  # not again through a handler the root logger gets later (each report was twice)
         logger.propagate = False
 
