@@ -75,10 +75,14 @@ def task_pids(run_dir):
     return [t["pid"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]]
 
 
+def task_state(run_dir, name: str) -> dict:
+    """One task of a local cluster as cluster.json describes it now (its pid, state, restarts)."""
+    return next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == name)
+
+
 def kill_task(run_dir, name: str, sig=9) -> None:
     """Send `sig` (SIGKILL) to one task of a local cluster, found in cluster.json."""
-    task = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"] if t["name"] == name)
-    os.kill(task["pid"], sig)
+    os.kill(task_state(run_dir, name)["pid"], sig)
 
 
 def untimed(restarts: list) -> list:

@@ -19,7 +19,7 @@ import tf_keras as keras
 from distrain import data
 from distrain.training import train
 from helpers import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
-                     tensorboard_values, untimed, wait_until, write_idx)
+                     task_state, tensorboard_values, untimed, wait_until, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
@@ -198,8 +198,7 @@ def test_a_parameter_server_worker_past_its_budget_leaves_then_a_loss_restarts_t
         first, lost = restarts()[0]["time"], int(epochs()[-1][1])
         wait_until(lambda: int(epochs()[-1][1]) > lost and time.time() > first + 3.5, proc, "the window to pass")
         kill_task(run_dir, "worker-1")  # its restart is older than the window: restarted again
-        wait_until(lambda: next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]
-                                if t["name"] == "worker-1")["restarts"] == 2, proc, "worker 1's second restart")
+        wait_until(lambda: task_state(run_dir, "worker-1")["restarts"] == 2, proc, "worker 1's second restart")
         kill_task(run_dir, "worker-1")  # (its new pid) within the window of the last: past its budget
         wait_until(lambda: len(restarts()) == 3, proc, "worker 1 to leave")
         since = len(epochs())
@@ -393,9 +392,7 @@ def test_a_failed_worker_stops_a_synchronous_cluster(tmp_path):
     try:
         log = run_dir / "logs" / "worker-1.log"
         wait_until(lambda: log.exists() and "Epoch 2/" in log.read_text(), proc, "epoch 2")
-        victim = next(t for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]
-                      if t["name"] == "worker-1")
-        os.kill(victim["pid"], signal.SIGKILL)
+        kill_task(run_dir, "worker-1")
         out = finish(proc, timeout=60)
     finally:
         if proc.poll() is None:
