@@ -264,6 +264,7 @@ def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_pa
 
 
 def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
+    """A synchronous cluster cannot go on without a worker: the second loss, past the budget, ends it."""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
                  "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=1",
@@ -279,7 +280,8 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
         out = finish(proc, timeout=60)
     assert proc.returncode != 0, out[-3000:]
     assert ("error: task worker-1 exited with status -9 and the cluster was restarted 1 time(s) already within "
-            "3600 s (cluster.restart_window) (cluster.max_restarts=1)") in out
+            "3600 s (cluster.restart_window) (cluster.max_restarts=1); raise cluster.max_restarts, or read its log for "
+            f"why it keeps dying; the end of its log ({log.parent}/worker-1.log):") in out
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert json.loads((run_dir / "cluster.json").read_text())["tasks"][1]["restarts"] == 1
     assert_nothing_left(tmp_path)
