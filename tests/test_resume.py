@@ -159,13 +159,13 @@ def uninterrupted(tmp_path_factory):
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, strategy, victim,
                                                                        restarted_by):
     devices = ["strategy.cpu_virtual_devices=2"] if strategy == "mirrored" else []
-    args = [f"strategy={strategy}", *devices, "cluster.workers=2", "data=synthetic", "data.train_examples=4096",
+    args = [f"strategy={strategy}", *devices, "cluster.workers=2", "data=synthetic", "data.train_examples=2048",
             "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=3", "trainer.verbose=2",
-            *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 64 steps an epoch, 192 in all
+            *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 32 steps an epoch, 96 in all
     whole_dir = uninterrupted(args)
     run_dir = tmp_path / "stopped"
     proc = start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
-    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 64, victim)
+    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 32, victim)
     if restarted_by == "user":
         assert proc.returncode != 0 and not (run_dir / "results.json").exists()
         out = run_cli(run_dir, "trainer.resume=true")
@@ -180,10 +180,10 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
                                                  "restarted": "the cluster from its latest checkpoint"}]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["num_replicas"] == 2 and results["per_replica_batch_size"] == 32
-    assert 0 < results["resumed_from_step"] < 192 and results["restarts"] == 1
+    assert 0 < results["resumed_from_step"] < 96 and results["restarts"] == 1
     assert f"resumed from global step {results['resumed_from_step']}" in out
-    assert max_difference(weights(whole_dir / "checkpoints" / "ckpt-192"),
-                          weights(run_dir / "checkpoints" / "ckpt-192")) <= 1e-6
+    assert max_difference(weights(whole_dir / "checkpoints" / "ckpt-96"),
+                          weights(run_dir / "checkpoints" / "ckpt-96")) <= 1e-6
     whole = json.loads((whole_dir / "results.json").read_text())
     assert len(results["history"]["loss"]) == 3
     np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], rtol=1e-5)
@@ -245,7 +245,7 @@ def test_an_incompatible_checkpoint_is_refused(tmp_path):
 def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "data.train_examples=2048", "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2")
+                 "data.train_examples=2048", "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2", "model=mlp")
     chief_log = run_dir / "logs" / "chief-0.log"
     try:
         wait_until(lambda: chief_log.exists() and "Epoch 2/6" in chief_log.read_text(), proc, "epoch 2")

@@ -244,7 +244,7 @@ def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.Popen(
         [sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=joblib",
-         "strategy=multi_worker_mirrored", "cluster.workers=1,2", "data=synthetic", "trainer.epochs=1000",
+         "strategy=multi_worker_mirrored", "cluster.workers=1,2", "data=synthetic", "model=mlp", "trainer.epochs=1000",
          "trainer.verbose=2", "trainer.save_model=false"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, start_new_session=True)
     try:
