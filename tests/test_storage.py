@@ -80,6 +80,9 @@ def test_a_full_disk_is_one_line_and_the_run_goes_on_from_a_larger_one(tmp_path,
     assert not [p for p in run_dir.rglob("*") if p.name.endswith(("_temp", ".tmp", ".tmp.png"))]
     assert storage.latest_checkpoint(run_dir / "checkpoints") == latest.group(1)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
+    assert_nothing_left(tmp_path)
+    if strategy != "default":
+        return  # a cluster resumed from its latest checkpoint: test_resume; here once, by hand
     # Moved to a larger disk, the run goes on from that checkpoint and ends.
     moved = tmp_path / "moved"
     shutil.copytree(run_dir, moved)
