@@ -254,29 +254,38 @@ def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, sa
     assert_nothing_left(run_dir)
 
 
-def test_manual_mode_by_hand_in_three_terminals(tmp_path):
-    """ps, worker and chief each started on their own, as the classic scripts were; here the worker's
-    machine is another directory, where data.path=idx holds its own copy of the IDX files. The chief
-    trains with them; a second chief, whose labels differ from the worker's, stops at once in one line
-    (it would train on wrong labels)."""
-    (x_train, y_train), (x_test, y_test) = data.load(make_cfg("data.source=bundled").data, 42)
+def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
+    """ps and two workers each started on their own, as the classic scripts were, on another machine
+    (another directory, where data.path=idx holds its own copy of the IDX files), serving until
+    stopped; chiefs come to them in turn:
+    - one trains to its end and learns;
+    - one whose labels differ from the workers' stops at once in one line (it would train on them);
+    - in a long run, worker 1 is killed (its launcher and task, as a lost machine), then started again
+      with the same command on the same address, as an orchestrator would: the coordinator takes it
+      back (its steps grow again). Ctrl-C ends that chief, then each server."""
+    (x_train, y_train), (x_test, y_test) = data.load(make_cfg(*SYNTHETIC_THREE_EPOCHS[:3]).data, 42)
     for machine, labels in (("here", y_train), ("there", y_train), ("elsewhere", (y_train + 1) % 10)):
         for split, images, labels in (("train", x_train, labels), ("t10k", x_test, y_test)):
             write_idx(tmp_path / machine / "idx" / f"{split}-images-idx3-ubyte", images, compress=True)
             write_idx(tmp_path / machine / "idx" / f"{split}-labels-idx1-ubyte", labels, compress=True)
-    ps, worker, chief = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(3))
-    common = ["strategy=parameter_server", "cluster=manual", f"cluster.worker_hosts=[{worker}]",
-              f"cluster.ps_hosts=[{ps}]", f"cluster.chief_host={chief}", *BUNDLED_ONE_EPOCH[1:],
-              "data.source=idx", "data.path=idx"]
-    servers = [start(tmp_path / "there" / role, *common, f"cluster.task_type={role}", "cluster.task_index=0")
-               for role in ("ps", "worker")]
+    ps, *workers, chief = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(4))
+    common = ["strategy=parameter_server", "cluster=manual", f"cluster.worker_hosts=[{','.join(workers)}]",
+              f"cluster.ps_hosts=[{ps}]", f"cluster.chief_host={chief}", "data.source=idx", "data.path=idx",
+              "trainer.batch_size=32", "trainer.save_model=false", "trainer.verbose=2", "model=mlp"]
+    as_chief = [*common, "cluster.task_type=chief", "cluster.task_index=0"]
+    worker_1 = [*common, "cluster.task_type=worker", "cluster.task_index=1"]
+    there = tmp_path / "there"
+    servers = [start(there / "ps", *common, "cluster.task_type=ps", "cluster.task_index=0"),
+               start(there / "worker-0", *common, "cluster.task_type=worker", "cluster.task_index=0"),
+               start(there / "worker-1", *worker_1)]
+    worker_log = there / "worker-1" / "logs" / "worker-1.log"
     try:
-        out = run_cli(tmp_path / "here" / "chief", *common, "cluster.task_type=chief", "cluster.task_index=0")
+        out = run_cli(tmp_path / "here" / "chief", *as_chief, "trainer.epochs=2")
         assert "this process is task chief:0" in out.stdout
         assert out.returncode == 0, out.stdout[-4000:]
         results = json.loads((tmp_path / "here" / "chief" / "results.json").read_text())
-        assert (results["num_workers"], results["num_ps"]) == (1, 1) and results["test_accuracy"] > 0.6
-        other = run_cli(tmp_path / "elsewhere" / "chief", *common, "cluster.task_type=chief", "cluster.task_index=0")
+        assert (results["num_workers"], results["num_ps"]) == (2, 1) and results["test_accuracy"] > 0.6
+        other = run_cli(tmp_path / "elsewhere" / "chief", *as_chief, "trainer.epochs=2")
         text = other.stdout + other.stderr
         assert other.returncode == 2, text[-4000:]
         assert "Traceback" not in text and "ERROR:tensorflow" not in text
@@ -284,8 +293,27 @@ def test_manual_mode_by_hand_in_three_terminals(tmp_path):
             "error: a worker's idx/train-labels-idx1-ubyte.gz holds other data than the coordinator read: every "
             "parameter-server worker reads the IDX files itself: give each worker's machine the same files at "
             "data.path=idx"]
+
+        long_run = tmp_path / "here" / "long"
+        proc = start(long_run, *as_chief, "trainer.epochs=1000")
+        chief_log = long_run / "logs" / "chief-0.log"
+        steps = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
+        try:
+            wait_until(lambda: chief_log.exists() and len(steps()) >= 2 and int(steps()[-1][1]) > 0, proc, "epoch 2")
+            servers[2].kill()  # the launcher; its task dies with it
+            servers[2].communicate(timeout=30)
+            wait_until(lambda: len({n for _, n in steps()[-3:]}) == 1, proc, "3 epochs without worker 1")
+            lost = int(steps()[-1][1])
+            servers[2] = start(there / "worker-1", *worker_1)  # the same command again
+            wait_until(lambda: "ready" in worker_log.read_text().partition("--- started again")[2], proc,
+                       "its restart")
+            wait_until(lambda: int(steps()[-1][1]) > lost, proc, "worker 1's steps to grow again")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            out = finish(proc)
+        assert proc.returncode == 130 and "Traceback" not in out, out[-4000:]
         for server in servers:
-            assert server.poll() is None  # ps and worker serve until stopped, as before
+            assert server.poll() is None  # ps and workers serve until stopped, the restarted one too
             server.send_signal(signal.SIGINT)  # Ctrl-C in their terminals
             assert server.wait(timeout=30) == 130
     finally:
@@ -293,48 +321,6 @@ def test_manual_mode_by_hand_in_three_terminals(tmp_path):
             if server.poll() is None:
                 server.kill()
             server.communicate()
-    assert_nothing_left(tmp_path)
-
-
-def test_a_worker_an_orchestrator_restarts_rejoins_a_manual_cluster(tmp_path):
-    """cluster=manual, each task started by the test as an orchestrator would: worker 1 is killed (its
-    launcher and task, as a lost machine), then started again with the same command on the same
-    address. The coordinator takes it back: its steps grow again. Then Ctrl-C ends every task."""
-    ps, *workers, chief = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(4))
-    common = ["strategy=parameter_server", "cluster=manual", f"cluster.worker_hosts=[{','.join(workers)}]",
-              f"cluster.ps_hosts=[{ps}]", f"cluster.chief_host={chief}", "data=synthetic", "data.train_examples=2048",
-              "trainer.epochs=1000", "trainer.batch_size=32", "trainer.save_model=false", "trainer.verbose=2",
-              "model=mlp"]
-    worker_1 = [*common, "cluster.task_type=worker", "cluster.task_index=1"]
-    for name in ("ps", "worker-0", "worker-1", "chief"):
-        (tmp_path / name).mkdir()
-    servers = [start(tmp_path / "ps" / "run", *common, "cluster.task_type=ps", "cluster.task_index=0"),
-               start(tmp_path / "worker-0" / "run", *common, "cluster.task_type=worker", "cluster.task_index=0"),
-               start(tmp_path / "worker-1" / "run", *worker_1)]
-    proc = start(tmp_path / "chief" / "run", *common, "cluster.task_type=chief", "cluster.task_index=0")
-    chief_log = tmp_path / "chief" / "run" / "logs" / "chief-0.log"
-    worker_log = tmp_path / "worker-1" / "run" / "logs" / "worker-1.log"
-    steps = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
-    try:
-        wait_until(lambda: chief_log.exists() and len(steps()) >= 2 and int(steps()[-1][1]) > 0, proc, "epoch 2")
-        servers[2].kill()  # the launcher; its task dies with it
-        servers[2].communicate(timeout=30)
-        wait_until(lambda: len({n for _, n in steps()[-3:]}) == 1, proc, "3 epochs without worker 1")
-        lost = int(steps()[-1][1])
-        servers[2] = start(tmp_path / "worker-1" / "run", *worker_1)  # the same command again
-        wait_until(lambda: "ready" in worker_log.read_text().partition("--- started again")[2], proc, "its restart")
-        wait_until(lambda: int(steps()[-1][1]) > lost, proc, "worker 1's steps to grow again")
-        proc.send_signal(signal.SIGINT)
-        out = finish(proc)
-    finally:
-        for server in servers:
-            if server.poll() is None:
-                server.send_signal(signal.SIGINT)
-        codes = [server.wait(timeout=30) for server in servers]
-        for server in servers:
-            server.communicate()
-    assert proc.returncode == 130 and "Traceback" not in out, out[-4000:]
-    assert codes == [130, 130, 130]  # each serving until stopped, the restarted one too
     first, _, again = worker_log.read_text().partition("--- started again")
     assert "ready" in first and "ready" in again  # the log goes on
     assert_nothing_left(tmp_path)
