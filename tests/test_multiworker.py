@@ -326,8 +326,12 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
     assert_nothing_left(tmp_path)
 
 
-def test_tf_config_chief_and_worker_under_multi_worker_mirrored(tmp_path):
-    """As Kubernetes would start them: same command, TF_CONFIG differing by task; the chief reports."""
+def test_tf_config_chief_and_worker_match_one_device(tmp_path):
+    """As Kubernetes would start them: the same command, TF_CONFIG differing by task; the chief reports.
+    2 workers with global batch B end with the same weights as one device with batch B."""
+    overrides = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic",
+                 "data.train_examples=1024", "data.test_examples=128", "trainer.epochs=2",
+                 "trainer.batch_size=64", "trainer.verbose=0", "trainer.mixed_precision=false"]  # exact: float32
     spec = {"chief": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
             "worker": [f"127.0.0.1:{portpicker.pick_unused_port()}"]}
     procs = {}
@@ -335,31 +339,23 @@ def test_tf_config_chief_and_worker_under_multi_worker_mirrored(tmp_path):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": task_type, "index": 0}}),
                "TF_ENABLE_ONEDNN_OPTS": "0"}  # the user's own choice, which wins over the config's
         procs[task_type] = start(tmp_path / task_type, "strategy=multi_worker_mirrored", "cluster=tf_config",
-                                 "trainer.onednn=true", *BUNDLED_ONE_EPOCH, env=env)
+                                 "trainer.onednn=true", *overrides, "trainer.verbose=2", env=env)
     outs = {name: finish(proc) for name, proc in procs.items()}
     for name, proc in procs.items():
         assert proc.returncode == 0, outs[name][-4000:]
-    results = json.loads((tmp_path / "chief" / "results.json").read_text())
-    assert results["onednn"] is False and "(TF_ENABLE_ONEDNN_OPTS=0 in the environment, which wins" in outs["chief"]
-    assert (results["num_workers"], results["num_replicas"]) == (2, 2) and results["test_accuracy"] > 0.6
+    run_dir = tmp_path / "chief"
+    worker_results = json.loads((run_dir / "results.json").read_text())
+    assert worker_results["onednn"] is False and "(TF_ENABLE_ONEDNN_OPTS=0 in the environment, which wins" in outs["chief"]
+    assert (worker_results["num_workers"], worker_results["num_replicas"]) == (2, 2)
     assert not (tmp_path / "worker" / "results.json").exists()  # only the chief writes results
     for name in procs:
         assert_nothing_left(tmp_path / name)
-
-
-def test_multi_worker_mirrored_matches_one_device(tmp_path):
-    """2 workers with global batch B end with the same weights as one device with batch B."""
-    overrides = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic",
-                 "data.train_examples=1024", "data.test_examples=128", "trainer.epochs=2",
-                 "trainer.batch_size=64", "trainer.verbose=0", "trainer.mixed_precision=false"]  # exact: float32
-    run_dir = tmp_path / "run"
-    out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", *overrides)
-    assert out.returncode == 0, out.stdout[-4000:]
-    single_results, single = train(make_cfg(*overrides, "trainer.save_model=false"), tmp_path)
+    single_results, single = train(make_cfg(*overrides, "trainer.save_model=false"), tmp_path / "single")
     # The epoch lines are global values, not one worker's: the same as one device's, epoch by epoch.
-    worker_results = json.loads((run_dir / "results.json").read_text())
     for key in ("loss", "accuracy"):
         np.testing.assert_allclose(worker_results["history"][key], single_results["history"][key], rtol=1e-4)
+    assert worker_results["test_accuracy"] == pytest.approx(single_results["test_accuracy"], abs=0.02)  # 128 test
+    # examples: weights within 1e-5 may still tell one near a boundary apart
     restored = keras.models.clone_model(single)
     checkpoint = tf.train.Checkpoint(model=restored)
     checkpoint.restore(tf.train.latest_checkpoint(run_dir / "checkpoints")).expect_partial()
@@ -369,7 +365,6 @@ def test_multi_worker_mirrored_matches_one_device(tmp_path):
         np.testing.assert_allclose(w_workers, w_single, atol=1e-5, rtol=0)
         moved = max(moved, float(np.abs(w_single - w_init).max()))
     assert moved > 1e-2  # training changed the weights, so agreeing means something
-    assert_nothing_left(run_dir)
 
 
 def test_a_task_that_does_not_come_up_is_named_with_its_log(tmp_path):
