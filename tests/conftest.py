@@ -35,19 +35,21 @@ def fresh_collective_keys():
     tf.distribute.MirroredStrategy._collective_key_base += 10_000
 
 
-# The test modules, longest first (seconds under `make test`, 2 pytest-xdist workers, on the slower
-# kind of machine). `make test` runs whole modules in either worker (--dist loadscope, so a module's
-# shared runs and test_slurm's one Slurm stay in one worker) and hands a worker the next module as it
-# nears the end of its last: longest first, both workers end about together.
-LONGEST_FIRST = ["test_multiworker",  # 309 s
-                 "test_resume",  # 226 s
-                 "test_slurm",  # 160 s
-                 "test_sweep",  # 122 s
-                 "test_bad_input",  # 95 s
-                 "test_storage",  # 80 s
-                 "test_own_model",  # 70 s
-                 "test_training",  # 63 s
-                 "test_cli"]  # 62 s; the others take seconds
+# The test modules, longest first (seconds under `make test`, 2 pytest-xdist workers, on the faster
+# kind of machine; the slower kind takes about 1.7 times as long). `make test` runs whole modules in
+# either worker (--dist loadscope, so a module's shared runs and test_slurm's one Slurm stay in one
+# worker) and hands a worker the next module as it nears the end of its last: longest first, both
+# workers end about together.
+LONGEST_FIRST = ["test_resume",  # 115 s
+                 "test_multiworker",  # 100 s
+                 "test_slurm",  # 70 s
+                 "test_sweep",  # 65 s
+                 "test_bad_input",  # 52 s
+                 "test_own_model",  # 45 s
+                 "test_training",  # 35 s
+                 "test_storage",  # 28 s
+                 "test_cli",  # 22 s
+                 "test_cluster"]  # 12 s; the others take seconds
 
 
 def pytest_collection_modifyitems(items):

@@ -225,13 +225,13 @@ def test_a_task_whose_peers_never_come_fails_in_bounded_time_naming_them(tmp_pat
                 f"cluster.chief_host={c}", "cluster.task_type=chief"]
         silent = [f"worker-0 ({a}", f"ps-0 ({b}"]
     started = time.monotonic()
-    out = run_cli(tmp_path / "run", "cluster=manual", *args, "cluster.startup_timeout=8", "data=synthetic",
+    out = run_cli(tmp_path / "run", "cluster=manual", *args, "cluster.startup_timeout=4", "data=synthetic",
                   timeout=120)
     seconds = time.monotonic() - started
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert out.returncode == 1 and len(errors) == 1, out.stderr[-3000:]
-    assert "did not come up within 8 s (cluster.startup_timeout): no answer from" in errors[0]
+    assert "did not come up within 4 s (cluster.startup_timeout): no answer from" in errors[0]
     assert all(peer in errors[0] for peer in silent), errors[0]
     assert "Traceback" not in out.stdout + out.stderr
-    assert 8 <= seconds < 8 + 12, seconds  # the timeout, then a prompt stop (SIGKILL: nothing to save yet)
+    assert 4 <= seconds < 4 + 12, seconds  # the timeout, then a prompt stop (SIGKILL: nothing to save yet)
     assert_nothing_left(tmp_path)
