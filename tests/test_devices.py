@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 
 from distrain import cpu as cpu_lib
 from distrain import strategy as strategy_lib
+from distrain.config import check_devices_present
 from distrain.errors import ConfigError
 from distrain.strategy import compute_devices, configure_devices, precision_policy
 
@@ -80,3 +81,26 @@ def test_every_gpu_gets_memory_growth(monkeypatch):
     assert grown == [("GPU:0", True), ("GPU:1", True)]
     configure_devices(node(), gpus=[])  # control: no GPU, no call
     assert len(grown) == 2
+
+
+@pytest.mark.parametrize("keys, missing", [
+    ({"devices": ["/gpu:0"]}, "/gpu:0"),
+    ({"devices": ["/job:localhost/replica:0/task:0/device:GPU:1"]}, "/gpu:1"),  # TensorFlow's long spelling
+    ({"devices": ["/cpu:0", "/CPU:2"], "cpu_virtual_devices": 2}, "/cpu:2"),  # past the CPUs asked for
+    ({"parameter_device": "/device:GPU:3"}, "/gpu:3"),
+    ({"device": "/gpu:7"}, "/gpu:7"),
+    ({"devices": ["/cpu:0", "/cpu:1"], "cpu_virtual_devices": 2}, None),  # present: the control
+    ({"device": "banana"}, None),  # a name only TensorFlow reads: the task says what is wrong with it
+])
+def test_a_device_this_machine_lacks_is_found_before_tensorflow_starts(monkeypatch, keys, missing):
+    """config.check_devices_present, which the launcher runs: on a machine with no GPU driver loaded, a
+    GPU named is surely missing, so is a CPU past strategy.cpu_virtual_devices."""
+    monkeypatch.setattr(cpu_lib, "has_gpu", lambda: False)
+    if missing is None:
+        check_devices_present(node(**keys))
+        return
+    with pytest.raises(ConfigError, match=f"device {missing} is not on this machine"):
+        check_devices_present(node(**keys))
+    monkeypatch.setattr(cpu_lib, "has_gpu", lambda: True)  # GPUs present: the task checks, with TensorFlow's list
+    if "gpu" in missing:
+        check_devices_present(node(**keys))

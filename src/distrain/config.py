@@ -3,11 +3,13 @@ against its schema (schema.py), then the checks that relate several keys."""
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import cpu as cpu_lib
 from . import schema
 from .errors import ConfigError
 from .schema import MWMS, PS, StrategyName
@@ -89,7 +91,30 @@ def validate(cfg: DictConfig) -> DictConfig:
                               f"{schema.MAX_PER_CORE} per core on this machine's {schema.CORES} cores: "
                               f"set fewer, e.g. cluster.workers={schema.CORES}")
     check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
+    check_devices_present(cfg.strategy)
     return cfg
+
+
+# /cpu:0, /GPU:1, /device:GPU:1, /job:localhost/replica:0/task:0/device:CPU:0: the names TensorFlow reads.
+DEVICE = re.compile(r"(?:/job:\w+)?(?:/replica:\d+)?(?:/task:\d+)?/?(?:device:)?(cpu|gpu):(\d+)", re.IGNORECASE)
+
+
+def missing_device(device: str, have: list[str]) -> str:
+    return (f"device {device} is not on this machine (it has {', '.join(have)}): pick from those, or set "
+            "strategy.cpu_virtual_devices=N for N CPU devices")
+
+
+def check_devices_present(strategy: DictConfig) -> None:
+    """A device the config names that this machine surely lacks, found before TensorFlow starts (seconds
+    sooner): a GPU where no NVIDIA driver lists one, a CPU beyond strategy.cpu_virtual_devices. Where
+    GPUs are present, and for names this does not read, the task checks with TensorFlow's own list."""
+    if cpu_lib.has_gpu():
+        return
+    have = [f"/cpu:{i}" for i in range(max(1, strategy.get("cpu_virtual_devices") or 0))]
+    for name in [strategy.get("device"), strategy.get("parameter_device"), *(strategy.get("devices") or [])]:
+        found = DEVICE.fullmatch(name or "")
+        if found and f"/{found[1].lower()}:{int(found[2])}" not in have:
+            raise ConfigError(missing_device(f"/{found[1].lower()}:{int(found[2])}", have))
 
 
 def check_importable(key: str, target: str) -> None:

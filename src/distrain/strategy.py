@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from . import cpu as cpu_lib
+from .config import missing_device
 from .errors import ConfigError
 from .schema import MWMS, PS, StrategyName
 
@@ -38,8 +39,7 @@ def _checked(devices, have: list[str] | None = None) -> list[str]:
     have = local_devices() if have is None else have
     for device in map(_canonical, devices):
         if device not in have:
-            raise ConfigError(f"device {device} is not on this machine (it has {', '.join(have)}): "
-                              "pick from those, or set strategy.cpu_virtual_devices=N for N CPU devices")
+            raise ConfigError(missing_device(device, have))
     return [_canonical(d) for d in devices]
 
 
