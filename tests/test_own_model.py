@@ -284,30 +284,36 @@ def test_a_loader_that_fails_is_one_line(user_dir, loader, says):
 USER = ["--config-dir", "conf", "model=mine", "data=blobs", "trainer.batch_size=32", "trainer.verbose=2"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", [["strategy=multi_worker_mirrored", "cluster.workers=2"],
-                                      ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]],
-                         ids=["multi_worker_mirrored", "parameter_server"])
-def test_a_user_model_and_loader_train_on_a_local_cluster(user_dir, strategy):
-    """Every task process imports the user's modules from the directory the command runs in."""
-    out = run_cli(user_dir / "run", *USER, *strategy, "trainer.epochs=2")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    results = json.loads((user_dir / "run" / "results.json").read_text())
+def check_user_run(run_dir):
+    results = json.loads((run_dir / "results.json").read_text())
     assert (results["model"], results["data"]) == ("usermodels.tiny", "userdata.blobs")
     assert results["input_shape"] == [12, 12, 1] and results["num_classes"] == 4
     assert results["test_accuracy"] > 0.5  # chance is 0.25
+
+
+@pytest.mark.slow
+def test_a_user_model_and_loader_train_on_parameter_servers(user_dir):
+    """Every task process imports the user's modules from the directory the command runs in; the
+    model's variables live on the ps task."""
+    out = run_cli(user_dir / "run", *USER, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
+                  "trainer.epochs=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    check_user_run(user_dir / "run")
     assert_nothing_left(user_dir)
 
 
 @pytest.mark.slow
-def test_a_sweep_over_a_builder_argument_has_its_column(user_dir):
-    out = run_cli(user_dir / "unused", "-m", *USER, "trainer.epochs=1", "model.width=4,32",
-                  "hydra.sweep.dir=sweep")
+def test_a_sweep_of_user_models_on_local_clusters_has_its_builder_argument_column(user_dir):
+    """Each job a multi_worker_mirrored cluster, whose every task imports the user's modules."""
+    out = run_cli(user_dir / "unused", "-m", *USER, "strategy=multi_worker_mirrored", "cluster.workers=2",
+                  "trainer.epochs=2", "model.width=16,32", "hydra.sweep.dir=sweep")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = list(csv.DictReader((user_dir / "sweep" / "summary.csv").open()))
-    assert [(r["model.width"], r["status"], r["model"]) for r in rows] == [("4", "ok", "usermodels.tiny"),
+    assert [(r["model.width"], r["status"], r["model"]) for r in rows] == [("16", "ok", "usermodels.tiny"),
                                                                          ("32", "ok", "usermodels.tiny")]
     assert int(rows[1]["params"]) == 12 * 12 * 32 + 32 + 32 * 4 + 4 > int(rows[0]["params"])
+    for row in rows:
+        check_user_run(user_dir / "sweep" / row["job"])
     assert_nothing_left(user_dir)
 
 
