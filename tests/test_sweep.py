@@ -100,10 +100,11 @@ def test_summarize_rebuilds_the_summary_of_a_sweep_directory(worker_sweep, tmp_p
 
 @pytest.fixture(scope="module")
 def device_sweep(tmp_path_factory):
-    """Job 0 fails inside its training process (no such device), job 1 trains: run once, read by the
-    tests of failed rows and of TensorBoard's dashboard (on by default in sweeps)."""
+    """Job 0 fails inside its training process (no such device; a TPU, which only TensorFlow looks for),
+    job 1 trains: run once, read by the tests of failed rows and of TensorBoard's dashboard (on by
+    default in sweeps)."""
     sweep_dir = tmp_path_factory.mktemp("devices") / "sweep"
-    return sweep_dir, multirun(sweep_dir, "strategy=one_device", "strategy.device=/gpu:7,/cpu:0", *TINY)
+    return sweep_dir, multirun(sweep_dir, "strategy=one_device", "strategy.device=/tpu:0,/cpu:0", *TINY)
 
 
 @pytest.mark.slow
@@ -113,12 +114,12 @@ def test_a_failed_first_job_is_a_failed_row_and_the_others_still_run(device_swee
     assert "Traceback" not in out.stdout + out.stderr
     rows = read_csv(sweep_dir / "summary.csv")
     assert [(r["strategy.device"], r["status"], r["exit_status"]) for r in rows] == [
-        ("/gpu:7", "failed", "2"), ("/cpu:0", "ok", "0")]
+        ("/tpu:0", "failed", "2"), ("/cpu:0", "ok", "0")]
     assert "task train exited with status 2" in rows[0]["error"]
-    assert "error: device /gpu:7 is not on this machine" in rows[0]["log_tail"]  # the end of its log
+    assert "error: device /tpu:0 is not on this machine" in rows[0]["log_tail"]  # the end of its log
     assert float(rows[1]["test_accuracy"]) > 0
     md = (sweep_dir / "summary.md").read_text()
-    assert "## Job 0: failed (exit status 2)" in md and "device /gpu:7 is not on this machine" in md
+    assert "## Job 0: failed (exit status 2)" in md and "device /tpu:0 is not on this machine" in md
     assert "job 0: failed: task train exited with status 2" in out.stdout
     assert is_png(sweep_dir / "scaling.png")  # accuracy against the swept value, from the ok job
     assert_nothing_left(sweep_dir)
@@ -146,7 +147,7 @@ def test_a_sweep_is_one_experiment_of_tensorboards_hparams_dashboard(device_swee
         finally:
             screenshots.stop(server)
     hparams = {h["name"]: h for h in experiment["hparamInfos"]}
-    assert hparams["strategy.device"]["domainDiscrete"] == ["/cpu:0", "/gpu:7"]
+    assert hparams["strategy.device"]["domainDiscrete"] == ["/cpu:0", "/tpu:0"]
     assert hparams["strategy.device"]["differs"] and not hparams["strategy"].get("differs")  # (control)
     assert {"workers", "ps", "replicas", "global_batch", "model", "data", "precision"} <= set(hparams)
     metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
@@ -154,7 +155,7 @@ def test_a_sweep_is_one_experiment_of_tensorboards_hparams_dashboard(device_swee
     sessions = {g["name"]: g for g in groups["sessionGroups"]}
     assert sorted(sessions) == ["job 0", "job 1"]
     failed, ok = sessions["job 0"], sessions["job 1"]
-    assert (failed["hparams"]["strategy.device"], ok["hparams"]["strategy.device"]) == ("/gpu:7", "/cpu:0")
+    assert (failed["hparams"]["strategy.device"], ok["hparams"]["strategy.device"]) == ("/tpu:0", "/cpu:0")
     assert [s["status"] for s in failed["sessions"]] == ["STATUS_FAILURE"]
     assert [s["status"] for s in ok["sessions"]] == ["STATUS_SUCCESS"]
     accuracy = json.loads((sweep_dir / "1" / "results.json").read_text())["test_accuracy"]
