@@ -235,3 +235,23 @@ def test_a_task_whose_peers_never_come_fails_in_bounded_time_naming_them(tmp_pat
     assert "Traceback" not in out.stdout + out.stderr
     assert 4 <= seconds < 4 + 12, seconds  # the timeout, then a prompt stop (SIGKILL: nothing to save yet)
     assert_nothing_left(tmp_path)
+
+
+def test_tensorflow_errors_of_a_cluster_are_one_line_for_the_launcher():
+    """task.lost_peer: errors that say another task of the cluster died or failed the step become
+    PeerLost (one line; the launcher restarts the cluster where its budget allows), others stay."""
+    import tensorflow as tf
+    from omegaconf import OmegaConf
+
+    from distrain.task import lost_peer
+
+    cfg = OmegaConf.create({"cluster": {"peer_timeout": 30}})
+    remote = ("2 root error(s) found.\n  (0) INTERNAL: {{function_node __wrapped__Identity_device_/job:chief/replica:0/"
+              "task:0/device:CPU:0}} Unable to parse request\nAdditional GRPC error information from remote target "
+              "/job:worker/replica:0/task:1/device:CPU:0 while calling /tensorflow.eager.EagerService/RunComponentFunction")
+    assert str(lost_peer(tf.errors.InternalError(None, None, remote), cfg)) == \
+        "a task of the cluster failed mid-training (Unable to parse request)"
+    assert str(lost_peer(tf.errors.UnavailableError(None, None, "Socket closed"), cfg)) == \
+        "a task of the cluster was lost mid-training (Socket closed)"
+    assert lost_peer(tf.errors.InternalError(None, None, "a bug of this task's own"), cfg) is None  # control
+    assert lost_peer(ValueError("not TensorFlow's"), cfg) is None

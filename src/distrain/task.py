@@ -100,6 +100,11 @@ def lost_peer(exc: Exception, cfg) -> PeerLost | None:
                                                                        r"reset|closed)[^\n]*)", text, re.I)
         why = f" ({cause.group(1).strip()[:160]})" if cause else ""
         return PeerLost(f"a task of the cluster was lost mid-training{why}")
+    if isinstance(exc, tf.errors.InternalError) and "from remote target /job:" in text:  # another task failed
+        # the step inside TensorFlow (seen once, in a restarted cluster: a request that arrived corrupt)
+        cause = re.search(r"\}\}\s*([^\n|]+)", text)
+        why = cause.group(1).strip()[:160] if cause else type(exc).__name__
+        return PeerLost(f"a task of the cluster failed mid-training ({why})")
     return None
 
 
