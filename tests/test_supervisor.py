@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from distrain import launcher, supervisor
-from distrain.supervisor import FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
+from distrain.supervisor import FAIL, GO_ON, LEAVE, LEFT, RESTART_CLUSTER, RESTART_IT, Restarts, decide
 from helpers import make_cfg
 
 
@@ -91,16 +91,21 @@ def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path)
     with no restart left (cluster.max_restarts=0): the run fails, the line names the task and why."""
     (tmp_path / "logs").mkdir()
     tasks = []
-    for name, code, left in (("worker-0", -9, False), ("worker-1", -9, True), ("chief-0", None, False)):
-        task = supervisor.Task(name, [], alone=name.startswith("worker"), left=left)
+    for name, code in (("worker-0", -9), ("worker-1", -9), ("chief-0", None)):
+        task = supervisor.Task(name, [], alone=name.startswith("worker"))
         task.proc = SimpleNamespace(poll=lambda code=code: code, pid=0)
         task.log_path, task._pump = tmp_path / "logs" / f"{name}.log", SimpleNamespace(join=lambda timeout: None)
         task.log_path.write_text("Epoch 3/9 - global step 96\n")
         tasks.append(task)
-    outcome = supervisor._ended(tasks, {"worker-1"}, tmp_path, Restarts(0), lambda status: None)
+    def worker_1_left(budget: Restarts) -> Restarts:
+        budget.leave(tasks[1], -9, "task worker-1 exited with status -9", 1)
+        return budget
+
+    outcome = supervisor._ended(tasks, {"worker-1"}, tmp_path, worker_1_left(Restarts(0)), lambda status: None)
     assert outcome.status == "failed" and outcome.code == -9
     assert outcome.error == ("task worker-0 exited with status -9, and no other worker is left; raise "
                              "cluster.max_restarts, or read the workers' logs for why they die")
-    budget = Restarts(1)  # the control: with a restart left, the cluster restarts instead
+    budget = worker_1_left(Restarts(1))  # the control: with a restart left, the cluster restarts instead
     outcome = supervisor._ended(tasks, {"worker-1"}, tmp_path, budget, lambda status: None)
-    assert outcome.restart and [r["restarted"] for r in budget.done] == ["the cluster from its latest checkpoint"]
+    assert outcome.restart and [r["restarted"] for r in budget.done] == [LEFT, "the cluster from its latest checkpoint"]
+    assert budget.gone() == []  # the restarted cluster has every worker again

@@ -113,8 +113,9 @@ def check_devices_present(strategy: DictConfig) -> None:
     have = [f"/cpu:{i}" for i in range(max(1, strategy.get("cpu_virtual_devices") or 0))]
     for name in [strategy.get("device"), strategy.get("parameter_device"), *(strategy.get("devices") or [])]:
         found = DEVICE.fullmatch(name or "")
-        if found and f"/{found[1].lower()}:{int(found[2])}" not in have:
-            raise ConfigError(missing_device(f"/{found[1].lower()}:{int(found[2])}", have))
+        device = found and f"/{found[1].lower()}:{int(found[2])}"  # as TensorFlow names it
+        if device and device not in have:
+            raise ConfigError(missing_device(device, have))
 
 
 def check_importable(key: str, target: str) -> None:

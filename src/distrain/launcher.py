@@ -27,7 +27,7 @@ from .forkserver import ForkServer
 from .process import RESTARTS_CLUSTER, SCRATCH
 from .protocol import error_line
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
-from .supervisor import LEFT, Outcome, Restarts, Task, run_tasks
+from .supervisor import Outcome, Restarts, Task, run_tasks
 from .sweep import split_override
 
 log = logging.getLogger("distrain")
@@ -282,8 +282,7 @@ def _record_restarts(run_dir: Path, restarts: Restarts) -> None:
     (parameter servers) and so the number there were at its end."""
     results = report.read_results(run_dir)
     if results is not None and restarts.done:
-        since = max((i + 1 for i, r in enumerate(restarts.done) if r["budget"] == Restarts.CLUSTER), default=0)
-        gone = sorted({r["task"] for r in restarts.done[since:] if r["restarted"] == LEFT})  # (a restart brings all)
+        gone = restarts.gone()
         storage.record(report.write_json, run_dir / report.RESULTS,
                        {**results, "task_restarts": restarts.done, "workers_left_the_run": gone,
                         "final_num_workers": results["num_workers"] - len(gone)})

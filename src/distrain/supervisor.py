@@ -96,6 +96,11 @@ class Restarts:
     def left(self, task) -> bool:
         return len(self._counted(task)) < self.limit
 
+    def gone(self) -> list[str]:
+        """The workers that left the run since the cluster last started (a restart of it brings all back)."""
+        since = max((i + 1 for i, r in enumerate(self.done) if r["budget"] == self.CLUSTER), default=0)
+        return sorted({r["task"] for r in self.done[since:] if r["restarted"] == LEFT})
+
     def cluster_left(self) -> bool:
         """Whether a lost essential task would restart the cluster (rather than end the run)."""
         return len(self._within_window(self.CLUSTER)) < self.limit
@@ -165,7 +170,6 @@ class Task:
     main: bool = True
     essential: bool = True
     alone: bool = False
-    left: bool = False  # it left the run, past its budget (alone)
     quiet: bool = False
     first_error: FirstError = field(default_factory=FirstError)  # shared by the tasks of one run
     spec: object = None  # the cluster.TaskSpec, for cluster tasks
@@ -442,7 +446,7 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
         seen.add(task.name)
         changed("running")
         others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None]
-        gone = [t.name for t in tasks if t.left]
+        gone = restarts.gone() if restarts else []
         action = decide(code, task.alone, task.essential, bool(restarts and restarts.left(task)), bool(others),
                         bool(gone), bool(restarts and restarts.cluster_left()))
         if task.alone and action == RESTART_CLUSTER:
@@ -456,7 +460,6 @@ def _ended(tasks: list, seen: set, run_dir: Path, restarts: Restarts | None, cha
             changed("running")  # its new pid
         elif action == LEAVE:
             task.stop()  # (one that hung: for good)
-            task.left = True
             restarts.leave(task, None if task.hung else code, why, len(others))
             changed("running")  # cluster.json: it left
         elif action == RESTART_CLUSTER:
