@@ -18,12 +18,12 @@ def two_virtual_cpus():
 
 @pytest.fixture(autouse=True)
 def forget_runners():
-    """The product keeps every run's runner for its process's life (training.KEPT); in-process tests
+    """The product keeps every run's runner for its process's life (runners.KEPT); in-process tests
     run many in one process."""
     yield
-    training = sys.modules.get("distrain.training")
-    if training:
-        training.KEPT.clear()
+    runners = sys.modules.get("distrain.runners")
+    if runners:
+        runners.KEPT.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ SPEC = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221", "127.0.0.1:222
 def test_tf_config_with_chief_workers_and_ps_is_accepted():
     text = json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}})
     spec, task = cluster.from_tf_config(text, "parameter_server")
-    assert spec == SPEC and task == cluster.TaskSpec("worker", 1, "127.0.0.1:2222")
+    assert spec == SPEC and task == cluster.Task("worker", 1, "127.0.0.1:2222")
     assert json.loads(cluster.tf_config(spec, task)) == json.loads(text)
     spec, task = cluster.from_tf_config(json.dumps({"cluster": {**SPEC, "evaluator": ["127.0.0.1:2224"]},
                                                     "task": {"type": "evaluator", "index": 0}}),
@@ -86,7 +86,7 @@ def test_slurm_ranks_become_chief_ps_and_workers_on_ports_per_node():
     spec, task = cluster.from_slurm(cfg.cluster, "parameter_server", slurm_env(3, "n2", 0))
     assert spec == {"chief": ["n1:23456"], "ps": ["n1:23457"], "worker": ["n1:23458", "n2:23456"],
                     "evaluator": ["n2:23457"]}
-    assert task == cluster.TaskSpec("worker", 1, "n2:23456")
+    assert task == cluster.Task("worker", 1, "n2:23456")
     mwm = make_cfg("strategy=multi_worker_mirrored", "cluster=slurm").cluster
     spec, task = cluster.from_slurm(mwm, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=4, per_node="2(x2)"))
     assert spec == {"worker": ["n1:23456", "n1:23457", "n2:23456", "n2:23457"]} and task.name == "worker-0"
@@ -140,8 +140,8 @@ def test_port_in_use_is_named():
         holder.listen()
         port = holder.getsockname()[1]
         with pytest.raises(ConfigError, match=f"port {port} of ps:0 .* is already in use"):
-            cluster.check_port_free(cluster.TaskSpec("ps", 0, f"127.0.0.1:{port}"))
-    cluster.check_port_free(cluster.TaskSpec("ps", 0, f"127.0.0.1:{port}"))  # free again
+            cluster.check_port_free(cluster.Task("ps", 0, f"127.0.0.1:{port}"))
+    cluster.check_port_free(cluster.Task("ps", 0, f"127.0.0.1:{port}"))  # free again
 
 
 def test_thread_caps_share_the_cores_and_never_starve_inter_op():
@@ -190,15 +190,16 @@ def test_tasks_start_the_usual_way_when_the_fork_server_cannot(tmp_path, caplog)
     """A fork server that dies at start (its imports failed): the task runs its own command instead,
     and the launcher says so, naming the server's log."""
     from distrain.forkserver import ForkServer
-    from distrain.supervisor import Task
+    from distrain.rundir import RunDir
+    from distrain.supervisor import TaskProcess
 
     broken = [sys.executable, "-c", "import sys; sys.exit('ImportError: no tensorflow here')"]
     with ForkServer(tmp_path / "config.yaml", tmp_path / "logs" / "forkserver.log", wrap=lambda _: broken) as forks:
-        task = Task("train", [sys.executable, "-c", "print('started on its own')"], forks=forks)
-        task.start(tmp_path, prefix=None)
+        task = TaskProcess("train", [sys.executable, "-c", "print('started on its own')"], forks=forks)
+        task.start(RunDir(tmp_path), prefix=None)
         assert task.proc.wait(timeout=30) == 0
     assert isinstance(task.proc, subprocess.Popen)  # the control: not a forked Child
-    task._pump.join(timeout=5)
+    task.pump.join(timeout=5)
     assert (tmp_path / "logs" / "train.log").read_text() == "started on its own\n"
     assert "no tensorflow here" in (tmp_path / "logs" / "forkserver.log").read_text()
     assert "tasks start without TensorFlow imported in advance (no fork server: the fork server exited" in caplog.text

@@ -157,29 +157,33 @@ def test_synthetic_is_deterministic_and_class_dependent():
 
 
 def test_pipeline_normalises_batches_and_shuffles_reproducibly():
+    from distrain import pipeline  # (TensorFlow)
+
     import tensorflow as tf
 
     (x, y), _ = data.synthetic(100, 1, seed=0)
     x = x[..., None]  # as load() gives images: with a channel axis
-    batches = list(data.make_dataset(x, y, 32, seed=5, shuffle_buffer=1000))
+    batches = list(pipeline.make_dataset(x, y, 32, seed=5, shuffle_buffer=1000))
     assert [b[0].shape for b in batches] == [(32, 28, 28, 1)] * 3 + [(4, 28, 28, 1)]
     images = np.concatenate([b[0] for b in batches])
     assert images.dtype == np.float32 and 0.0 <= images.min() and images.max() <= 1.0
     labels = np.concatenate([b[1] for b in batches])
     assert sorted(labels.tolist()) == sorted(y.tolist()) and labels.tolist() != y.tolist()
-    again = np.concatenate([b[1] for b in data.make_dataset(x, y, 32, seed=5, shuffle_buffer=1000)])
+    again = np.concatenate([b[1] for b in pipeline.make_dataset(x, y, 32, seed=5, shuffle_buffer=1000)])
     np.testing.assert_array_equal(labels, again)
-    shard = list(data.make_dataset(x, y, 16, seed=5, shard=(2, tf.constant(1, tf.int64))))
+    shard = list(pipeline.make_dataset(x, y, 16, seed=5, shard=(2, tf.constant(1, tf.int64))))
     assert sum(len(b[1]) for b in shard) == 50 and shard[0][0].shape[0] == 16
     np.testing.assert_array_equal(np.concatenate([b[1] for b in shard]), y[1::2])  # worker 1's half
 
 
 def test_worker_parts_reassemble_the_one_device_batches():
     """Sync workers each build their slice of every global batch: together, exactly one device's."""
+    from distrain import pipeline  # (TensorFlow)
+
     (x, y), _ = data.synthetic(200, 1, seed=0)
 
     def batches(**kwargs):
-        ds = data.make_dataset(x, y, 64, seed=9, shuffle_buffer=1000, drop_remainder=True, **kwargs)
+        ds = pipeline.make_dataset(x, y, 64, seed=9, shuffle_buffer=1000, drop_remainder=True, **kwargs)
         return [b[1].numpy() for b in ds]
 
     whole = batches()
@@ -191,8 +195,10 @@ def test_worker_parts_reassemble_the_one_device_batches():
 
 
 def test_repeated_epochs_are_reshuffled_whole_batches():
+    from distrain import pipeline  # (TensorFlow)
+
     (x, y), _ = data.synthetic(96, 1, seed=0)
-    ds = data.make_dataset(x, y, 32, seed=3, shuffle_buffer=1000, repeat=True, drop_remainder=True)
+    ds = pipeline.make_dataset(x, y, 32, seed=3, shuffle_buffer=1000, repeat=True, drop_remainder=True)
     epochs = np.concatenate([b[1].numpy() for b in ds.take(6)]).reshape(2, 96)
     assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(y.tolist())  # each epoch: every example once
     assert epochs[0].tolist() != epochs[1].tolist()
@@ -201,26 +207,30 @@ def test_repeated_epochs_are_reshuffled_whole_batches():
 @pytest.mark.parametrize("compress", [True, False])
 def test_a_parameter_server_worker_reads_idx_files_itself(tmp_path, compress):
     """TensorFlow ops read the same arrays numpy does, wherever they run."""
+    from distrain import pipeline  # (TensorFlow)
+
     import tensorflow as tf
 
     (x, y), _ = data.synthetic(300, 10, seed=3)
     write_idx(tmp_path / "train-images-idx3-ubyte", x, compress)
     write_idx(tmp_path / "train-labels-idx1-ubyte", y, compress)
     like = (x[..., None], y.astype(np.int32))  # as the coordinator holds them
-    images, labels = data.read_train_files(make_cfg("data.source=idx", f"data.path={tmp_path}").data, like)
+    images, labels = pipeline.read_train_files(make_cfg("data.source=idx", f"data.path={tmp_path}").data, like)
     np.testing.assert_array_equal(images.numpy(), like[0])
     np.testing.assert_array_equal(labels.numpy(), y)
     assert labels.dtype == tf.int32
-    assert data.read_train_files(make_cfg("data.source=bundled").data, like) is None  # not files: shipped
+    assert pipeline.read_train_files(make_cfg("data.source=bundled").data, like) is None  # not files: shipped
 
 
 def test_float_images_and_large_labels_go_through_idx_files(tmp_path):
     """Other data (float images, labels past 255) takes the same way to parameter-server workers."""
+    from distrain import pipeline  # (TensorFlow)
+
     x = np.random.default_rng(0).random((50, 6, 5, 3)).astype(np.float32)
     y = np.arange(50, dtype=np.int32) * 7  # up to 343
     files = data.TemporaryIdx(x, y)
     np.testing.assert_array_equal(data.read_idx(Path(files.path) / "train-images-idx4-ubyte"), x)
-    images, labels = data.read_train_files(files, (x, y), data.train_file_hashes(files))
+    images, labels = pipeline.read_train_files(files, (x, y), pipeline.train_file_hashes(files))
     np.testing.assert_array_equal(images.numpy(), x)
     np.testing.assert_array_equal(labels.numpy(), y)
 
@@ -230,14 +240,14 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
     not the data (control: the same data as arrays is inside it)."""
     import tensorflow as tf
 
-    from distrain.training import worker_dataset_fn
+    from distrain.pipeline import InputReader
 
     monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
     path, (x, y), _ = idx_dir
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
 
     def constant_bytes(cfg, source=None) -> int:
-        fn = worker_dataset_fn(x, y, cfg, workers=2, source=source)
+        fn = InputReader(x, y, cfg, workers=2, files=source)
         graph = tf.function(lambda: fn(context)._variant_tensor).get_concrete_function().graph
         return sum(tf.make_ndarray(op.get_attr("value")).nbytes for op in graph.get_operations() if op.type == "Const")
 
@@ -250,9 +260,11 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
 
 
 def test_a_local_clusters_workers_read_other_data_from_temporary_files():
+    from distrain import pipeline  # (TensorFlow)
+
     (x, y), _ = data.synthetic(300, 10, seed=3)
     files = data.TemporaryIdx(x, y)
-    images, labels = data.read_train_files(files, (x, y), data.train_file_hashes(files))
+    images, labels = pipeline.read_train_files(files, (x, y), pipeline.train_file_hashes(files))
     np.testing.assert_array_equal(images.numpy(), x)
     np.testing.assert_array_equal(labels.numpy(), y)
     path = Path(files.path)
@@ -264,6 +276,8 @@ def test_a_local_clusters_workers_read_other_data_from_temporary_files():
 
 def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
     """A worker checks the files it reads against the fingerprints of the coordinator's copy."""
+    from distrain import pipeline  # (TensorFlow)
+
     import tensorflow as tf
 
     (x, y), _ = data.synthetic(300, 10, seed=3)
@@ -272,23 +286,23 @@ def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
         write_idx(tmp_path / machine / "train-labels-idx1-ubyte", labels, True)
     cfg = make_cfg("data.source=idx", f"data.path={tmp_path / 'here'}").data
     there = make_cfg("data.source=idx", f"data.path={tmp_path / 'there'}").data
-    hashes = data.train_file_hashes(cfg)  # on the coordinator, of its copy
-    images, labels = tf.function(lambda: data.read_train_files(cfg, (x, y), hashes))()  # as a worker runs it
+    hashes = pipeline.train_file_hashes(cfg)  # on the coordinator, of its copy
+    images, labels = tf.function(lambda: pipeline.read_train_files(cfg, (x, y), hashes))()  # as a worker runs it
     np.testing.assert_array_equal(labels.numpy(), y)  # the control: the same files pass
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        data.read_train_files(there, (x, y), data.train_file_hashes(cfg))
-    error = data.unreadable_on_worker(raised.value, there)
+        pipeline.read_train_files(there, (x, y), pipeline.train_file_hashes(cfg))
+    error = pipeline.unreadable_on_worker(raised.value, there)
     assert str(error) == (f"a worker's {tmp_path}/there/train-labels-idx1-ubyte.gz holds other data than the "
                           f"coordinator read: every parameter-server worker reads the IDX files itself: give each "
                           f"worker's machine the same files at data.path={tmp_path}/there")
 
-    read = tf.function(lambda: data.read_train_files(cfg, (x, y)))
+    read = tf.function(lambda: pipeline.read_train_files(cfg, (x, y)))
     read.get_concrete_function()  # the file names are settled where the function is made, as on a coordinator
     (tmp_path / "here" / "train-labels-idx1-ubyte.gz").unlink()  # ...and the worker has no such file
     with pytest.raises(tf.errors.NotFoundError) as raised:
         read()
-    assert str(data.unreadable_on_worker(raised.value, cfg)).startswith(
+    assert str(pipeline.unreadable_on_worker(raised.value, cfg)).startswith(
         f"a worker cannot read its training data ({tmp_path}/here/train-labels-idx1-ubyte.gz; No such file or directory): "
         "every parameter-server worker reads the IDX files itself")
-    assert data.unreadable_on_worker(tf.errors.NotFoundError(None, None, "elsewhere"), cfg) is None
-    assert data.unreadable_on_worker(ValueError("x"), cfg) is None
+    assert pipeline.unreadable_on_worker(tf.errors.NotFoundError(None, None, "elsewhere"), cfg) is None
+    assert pipeline.unreadable_on_worker(ValueError("x"), cfg) is None

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import assert_nothing_left, finish, in_process, kill_task, run_cli, small, start, untimed, wait_until
-from distrain import training
+from distrain import runners
 from distrain.errors import ConfigError
 from distrain.training import train
 
@@ -42,7 +42,7 @@ class Crash(Exception):
 
 def crash_after(monkeypatch, steps: int) -> None:
     """The training loop raises Crash at the first segment that would take it past `steps` steps."""
-    run, done = training.SyncEpochs.run, {"steps": 0}
+    run, done = runners.SyncEpochs.run, {"steps": 0}
 
     def crashing(self, calls, **kwargs):
         done["steps"] += sum(calls)
@@ -50,7 +50,7 @@ def crash_after(monkeypatch, steps: int) -> None:
             raise Crash()
         return run(self, calls, **kwargs)
 
-    monkeypatch.setattr(training.SyncEpochs, "run", crashing)
+    monkeypatch.setattr(runners.SyncEpochs, "run", crashing)
 
 
 def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypatch):

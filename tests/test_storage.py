@@ -18,7 +18,7 @@ import pytest
 from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, finish, run_cli, wait_until
 from distrain import storage
 
-# Files written in place, not through storage.write_text, and why that is safe.
+# Files written in place, not through storage.write_atomic, and why that is safe.
 WRITTEN_IN_PLACE = {"storage.py": "the atomic write itself", "supervisor.py": "task logs, appended to as they come",
                     "forkserver.py": "its log, appended to as it comes", "process.py": "the heartbeat: only its time",
                     "cluster.py": "core locks, which hold nothing", "data.py": "a download to .part, then renamed",
@@ -29,15 +29,15 @@ QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthe
 
 
 def test_files_that_others_read_are_written_whole_or_not_at_all():
-    """Every write in the code goes through storage.write_text (a temporary name, then a rename) but
+    """Every write in the code goes through storage.write_atomic (a temporary name, then a rename) but
     for the modules named above; and that write leaves no temporary file when it fails."""
     plain = re.compile(r"(?<!report)(?<!storage)\.write_(text|bytes)\(|open\([^)]*[\"'][wax]b?[\"']|savefig\(")
     found = {path.name for path in (ROOT / "src" / "distrain").glob("*.py")
              if any(plain.search(line) for line in path.read_text().splitlines())}
     assert found == set(WRITTEN_IN_PLACE), found ^ set(WRITTEN_IN_PLACE)
-    assert plain.search("tmp.write_bytes(data)") and not plain.search("report.write_text(path, x)")  # control
+    assert plain.search("tmp.write_bytes(data)") and not plain.search("storage.write_atomic(path, x)")  # control
     with pytest.raises(OSError) as failed:
-        storage.write_text(ROOT / "no such directory" / "x.json", "{}")
+        storage.write_atomic(ROOT / "no such directory" / "x.json", "{}")
     assert failed.value.filename == str(ROOT / "no such directory" / "x.json")
 
 

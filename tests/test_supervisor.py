@@ -5,11 +5,12 @@ from types import SimpleNamespace
 import pytest
 
 from distrain import launcher, supervisor
-from distrain.supervisor import FAIL, GO_ON, LEAVE, LEFT, RESTART_CLUSTER, RESTART_IT, Restarts, decide
+from distrain.restarts import DEPARTED, FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
+from distrain.rundir import RunDir
 from helpers import make_cfg
 
 
-@pytest.mark.parametrize("code, alone, essential, restarts_left, others_left, action", [
+@pytest.mark.parametrize("code, alone, essential, may_restart, others_running, action", [
     (-9, False, True, True, True, RESTART_CLUSTER),  # a multi_worker_mirrored worker, a ps task or the chief killed
     (1, False, True, True, True, RESTART_CLUSTER),   # ... or hung (reported as status 1)
     (-9, True, True, True, True, RESTART_IT),        # a parameter-server worker killed: on its own address
@@ -24,21 +25,24 @@ from helpers import make_cfg
     (0, False, True, False, False, GO_ON),           # a task that finished
     (0, True, True, True, True, GO_ON),
 ])
-def test_what_a_tasks_end_means_for_the_run(code, alone, essential, restarts_left, others_left, action):
-    assert decide(code, alone, essential, restarts_left, others_left) == action
+def test_what_a_tasks_end_means_for_the_run(code, alone, essential, may_restart, others_running, action):
+    assert decide(code, alone, essential, may_restart, others_running) == action
 
 
-@pytest.mark.parametrize("restarts_left, others_left, cluster_left, action", [
+@pytest.mark.parametrize("may_restart, others_running, may_restart_cluster, action", [
     (True, True, True, RESTART_CLUSTER),  # it could not rejoin alone: the whole cluster restarts
     (True, True, False, LEAVE),           # ... unless the cluster's restarts are spent: then it leaves too
     (True, False, False, FAIL),           # ... or ends the run, the last worker
     (False, True, True, LEAVE),           # past its own budget: it leaves, as without a departure
 ])
-def test_a_worker_lost_after_another_left_restarts_the_cluster(restarts_left, others_left, cluster_left, action):
+def test_a_worker_lost_after_another_left_restarts_the_cluster(may_restart, others_running, may_restart_cluster,
+                                                               action):
     """Once a parameter-server worker has left the run, TensorFlow's coordinator cannot take another
     back alone (it updates the whole cluster, and the one that left never answers)."""
-    assert decide(-9, True, True, restarts_left, others_left, one_left=True, cluster_left=cluster_left) == action
-    assert decide(-9, True, True, True, others_left, one_left=False, cluster_left=cluster_left) == RESTART_IT  # control
+    assert decide(-9, True, True, may_restart, others_running, one_departed=True,
+                  may_restart_cluster=may_restart_cluster) == action
+    assert decide(-9, True, True, True, others_running, one_departed=False,
+                  may_restart_cluster=may_restart_cluster) == RESTART_IT  # control
 
 
 @pytest.mark.parametrize("strategy, states", [
@@ -65,25 +69,25 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     w0, w1, w2 = (SimpleNamespace(name=f"worker-{i}", alone=True) for i in range(3))
     ps = SimpleNamespace(name="ps-0", alone=False)
     for worker in (w0, w1, w2, w0):
-        assert restarts.left(worker)
+        assert restarts.may_restart(worker)
         restarts.take(worker, -9, f"task {worker.name} exited with status -9", "it on its own address", [worker])
-    assert not restarts.left(w0) and restarts.left(w1) and restarts.left(ps)  # w0 twice; the cluster never
+    assert not restarts.may_restart(w0) and restarts.may_restart(w1) and restarts.may_restart(ps)  # w0 twice; the cluster never
     assert restarts.per_task == {"worker-0": 2, "worker-1": 1, "worker-2": 1}
     assert restarts.exhausted("task worker-0 died", w0) == (
         "task worker-0 died and worker-0 was restarted 2 time(s) already within 3600 s (cluster.restart_window) "
         "(cluster.max_restarts=2); raise cluster.max_restarts, or read its log for why it keeps dying")
     assert restarts.exhausted("task ps-0 died", ps) == "task ps-0 died"  # the cluster's budget: untouched
     restarts.take(ps, -9, "task ps-0 exited with status -9", "the cluster from its latest checkpoint", [ps, w0])
-    assert restarts.left(ps) and "the cluster was restarted 1 time(s)" in restarts.exhausted("x", ps)
-    assert restarts.cluster_left() and not Restarts(0).cluster_left()  # (what a task losing a peer is told)
+    assert restarts.may_restart(ps) and "the cluster was restarted 1 time(s)" in restarts.exhausted("x", ps)
+    assert restarts.may_restart_cluster() and not Restarts(0).may_restart_cluster()  # (what a task losing a peer is told)
     now[0] += 3601  # an hour on, the old restarts no longer count
-    assert restarts.left(w0) and restarts.exhausted("task worker-0 died", w0) == "task worker-0 died"
+    assert restarts.may_restart(w0) and restarts.exhausted("task worker-0 died", w0) == "task worker-0 died"
     assert [r["time"] for r in restarts.done] == [1000.0] * 5  # each recorded with its time
     # cluster.restart_window=0: every restart counts, however old.
     ever = Restarts(1, window=0, clock=lambda: now[0])
     ever.take(w0, -9, "w0 died", "it on its own address", [w0])
     now[0] += 10 ** 6
-    assert not ever.left(w0) and Restarts(0).exhausted("task worker-1 died", w0) == "task worker-1 died"
+    assert not ever.may_restart(w0) and Restarts(0).exhausted("task worker-1 died", w0) == "task worker-1 died"
 
 
 def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path):
@@ -92,20 +96,20 @@ def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path)
     (tmp_path / "logs").mkdir()
     tasks = []
     for name, code in (("worker-0", -9), ("worker-1", -9), ("chief-0", None)):
-        task = supervisor.Task(name, [], alone=name.startswith("worker"))
+        task = supervisor.TaskProcess(name, [], alone=name.startswith("worker"))
         task.proc = SimpleNamespace(poll=lambda code=code: code, pid=0)
-        task.log_path, task._pump = tmp_path / "logs" / f"{name}.log", SimpleNamespace(join=lambda timeout: None)
+        task.log_path, task.pump = tmp_path / "logs" / f"{name}.log", SimpleNamespace(join=lambda timeout: None)
         task.log_path.write_text("Epoch 3/9 - global step 96\n")
         tasks.append(task)
     def worker_1_left(budget: Restarts) -> Restarts:
         budget.leave(tasks[1], -9, "task worker-1 exited with status -9", 1)
         return budget
 
-    outcome = supervisor._ended(tasks, {"worker-1"}, tmp_path, worker_1_left(Restarts(0)), lambda status: None)
+    outcome = supervisor._ended(tasks, {"worker-1"}, RunDir(tmp_path), worker_1_left(Restarts(0)), lambda status: None)
     assert outcome.status == "failed" and outcome.code == -9
     assert outcome.error == ("task worker-0 exited with status -9, and no other worker is left; raise "
                              "cluster.max_restarts, or read the workers' logs for why they die")
     budget = worker_1_left(Restarts(1))  # the control: with a restart left, the cluster restarts instead
-    outcome = supervisor._ended(tasks, {"worker-1"}, tmp_path, budget, lambda status: None)
-    assert outcome.restart and [r["restarted"] for r in budget.done] == [LEFT, "the cluster from its latest checkpoint"]
+    outcome = supervisor._ended(tasks, {"worker-1"}, RunDir(tmp_path), budget, lambda status: None)
+    assert outcome.restart and [r["restarted"] for r in budget.done] == [DEPARTED, "the cluster from its latest checkpoint"]
     assert budget.gone() == []  # the restarted cluster has every worker again

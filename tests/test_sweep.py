@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, tensorboard_values
-from distrain import cluster, dashboard, supervisor, sweep
+from distrain import cluster, dashboard, supervisor, sweep, task_output
+from distrain.rundir import RunDir
 
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
@@ -332,10 +333,10 @@ def test_tensorflow_startup_noise_goes_to_the_task_log_only(tmp_path, capfd):
     lines = ["oneDNN custom operations are on. You may see slightly different numerical results",
              "E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error",
              "Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826"]
-    task = supervisor.Task("worker-1", [sys.executable, "-c", f"print({chr(10).join(lines)!r})"])
-    task.start(tmp_path, prefix="[#1 worker-1] ")
+    task = supervisor.TaskProcess("worker-1", [sys.executable, "-c", f"print({chr(10).join(lines)!r})"])
+    task.start(RunDir(tmp_path), prefix="[#1 worker-1] ")
     task.proc.wait(timeout=60)
-    task._pump.join(timeout=10)
+    task.pump.join(timeout=10)
     shown = capfd.readouterr().out
     assert shown == f"[#1 worker-1] {lines[2]}\n"  # the terminal: the run's own line alone
     assert (tmp_path / "logs" / "worker-1.log").read_text() == "\n".join(lines) + "\n"  # the log: every line
@@ -345,20 +346,34 @@ def test_a_quiet_task_shows_only_its_errors(tmp_path, capfd):
     """A synchronous worker other than the chief: the same progress as the chief's, so only its
     errors reach the terminal (the test above is the control: a task that is not quiet shows its line)."""
     lines = ["Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826", "error: worker 1 failed: fix it"]
-    task = supervisor.Task("worker-1", [sys.executable, "-c", f"print({chr(10).join(lines)!r})"], quiet=True)
-    task.start(tmp_path, prefix="[worker-1] ")
+    task = supervisor.TaskProcess("worker-1", [sys.executable, "-c", f"print({chr(10).join(lines)!r})"], quiet=True)
+    task.start(RunDir(tmp_path), prefix="[worker-1] ")
     task.proc.wait(timeout=60)
-    task._pump.join(timeout=10)
+    task.pump.join(timeout=10)
     shown = capfd.readouterr()
     assert shown.out == "" and shown.err == f"[worker-1] {lines[1]}\n"
     assert (tmp_path / "logs" / "worker-1.log").read_text() == "\n".join(lines) + "\n"
 
 
 def test_tensorflow_startup_noise_is_recognised():
-    assert supervisor.is_noise(b"E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error")
-    assert supervisor.is_noise(b"WARNING: All log messages before absl::InitializeLog() is called are written")
-    assert not supervisor.is_noise(b"Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826")
-    assert not supervisor.is_noise(b"error: device /gpu:7 is not on this machine")
+    assert task_output.is_noise(b"E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error")
+    assert task_output.is_noise(b"WARNING: All log messages before absl::InitializeLog() is called are written")
+    assert not task_output.is_noise(b"Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826")
+    assert not task_output.is_noise(b"error: device /gpu:7 is not on this machine")
+
+
+@pytest.mark.parametrize("line, prefixed, quiet, on_screen, where", [
+    (b"Epoch 1/2 - loss: 2.2538", True, False, False, task_output.OUT),
+    (b"Epoch 1/2 - loss: 2.2538", True, True, False, None),  # a quiet task's progress: its log only
+    (b"error: worker 1 failed: fix it", True, True, False, task_output.ERR),  # ... but its error line
+    (b"I0000 oneDNN custom operations are on.", True, False, False, None),  # noise: the log only
+    (b"I0000 oneDNN custom operations are on.", False, False, False, None),
+    (b"12/16 [===>..]\r16/16 [=====]", False, False, False, task_output.OUT),  # a bar, redrawn
+    (b"12/16 [===>..]\rerror: the disk is full", False, False, True, task_output.ERR),  # an error after a bar
+])
+def test_a_task_output_line_goes_where_its_kind_says(line, prefixed, quiet, on_screen, where):
+    assert task_output.route(line, prefixed, quiet, on_screen) == where
+    assert task_output.last_state(b"1/2 [=>.]\r2/2 [==]\r") == b"2/2 [==]\n"
 
 
 def test_jobs_killed_before_they_record_their_end_are_marked_interrupted(tmp_path):

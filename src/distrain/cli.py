@@ -18,9 +18,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import report, schema, storage
+from . import schema, storage
 from .config import validate
 from .errors import ConfigError, print_error
+from .protocol import STARTED
+from .rundir import RunDir
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")  # inside the package: an installed wheel has it
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM
@@ -50,7 +52,7 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
         sys.exit(code)  # a single run's status; an interrupt ends the whole sweep
     if code:
         return JobFailed(f"job {job} failed with exit status {code}")
-    results = report.read_results(run_dir)
+    results = RunDir(run_dir).read_results()
     return results["test_accuracy"] if results else None
 
 
@@ -189,7 +191,7 @@ def _printed_config(flags: list, overrides: list) -> bool:
 
 
 def main() -> None:
-    os.environ.setdefault("DISTRAIN_STARTED", str(time.time()))  # for results.json's seconds_to_first_step
+    os.environ.setdefault(STARTED, str(time.time()))  # for results.json's seconds_to_first_step
     if os.getcwd() not in sys.path:  # a user's model or data module, as the tasks (python -m) import it
         sys.path.insert(1, os.getcwd())
     if sys.argv[1:2] == ["summarize"]:

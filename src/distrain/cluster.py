@@ -26,7 +26,9 @@ TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class Task:
+    """A task of the cluster, as TensorFlow means it: its job's name (chief, worker, ps, evaluator), its
+    index in that job, and its address."""
     type: str
     index: int
     address: str
@@ -73,7 +75,7 @@ def check_spec(spec: dict, strategy: str) -> dict:
     return spec
 
 
-def check_task(spec: dict, task_type: str, index) -> TaskSpec:
+def check_task(spec: dict, task_type: str, index) -> Task:
     if task_type not in spec:
         raise ConfigError(f"task type {task_type!r} is not in the cluster (it has {', '.join(spec)}): "
                           "fix the task type or the cluster")
@@ -83,20 +85,20 @@ def check_task(spec: dict, task_type: str, index) -> TaskSpec:
     if not 0 <= index < count:
         raise ConfigError(f"task index {index!r} is outside the cluster: {task_type} has {count} task(s), "
                           f"so use an index from 0 to {count - 1}")
-    return TaskSpec(task_type, index, spec[task_type][index])
+    return Task(task_type, index, spec[task_type][index])
 
 
-def tf_config(spec: dict, task: TaskSpec) -> str:
+def tf_config(spec: dict, task: Task) -> str:
     return json.dumps({"cluster": spec, "task": {"type": task.type, "index": task.index}})
 
 
-def task_env(spec: dict, task: TaskSpec) -> dict:
+def task_env(spec: dict, task: Task) -> dict:
     """What a task process needs to know: its place in the cluster, and that a lost peer is an
     error at once (GRPC_FAIL_FAST) rather than a wait that never ends."""
     return {"TF_CONFIG": tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller"}
 
 
-def this_task(cluster, strategy: str) -> tuple[dict, TaskSpec]:
+def this_task(cluster, strategy: str) -> tuple[dict, Task]:
     """The cluster and this process's task in it, on a cluster spread over machines (cluster.name)."""
     if cluster.name == "slurm":
         return from_slurm(cluster, strategy)
@@ -105,7 +107,7 @@ def this_task(cluster, strategy: str) -> tuple[dict, TaskSpec]:
     return from_tf_config(os.environ.get("TF_CONFIG"), strategy)
 
 
-def from_tf_config(text, strategy: str) -> tuple[dict, TaskSpec]:
+def from_tf_config(text, strategy: str) -> tuple[dict, Task]:
     """The cluster and this task from a TF_CONFIG value (as Kubeflow, Vertex AI or Ray set it)."""
     if not text:
         raise ConfigError("cluster=tf_config needs the TF_CONFIG environment variable: "
@@ -121,7 +123,7 @@ def from_tf_config(text, strategy: str) -> tuple[dict, TaskSpec]:
     return spec, check_task(spec, parsed["task"].get("type"), parsed["task"].get("index", 0))
 
 
-def from_manual(cluster, strategy: str) -> tuple[dict, TaskSpec]:
+def from_manual(cluster, strategy: str) -> tuple[dict, Task]:
     """The classic flags: worker_hosts, ps_hosts (and chief_host), task_type, task_index."""
     spec = {"worker": list(cluster.worker_hosts or [])}
     if cluster.ps_hosts:
@@ -135,7 +137,7 @@ def from_manual(cluster, strategy: str) -> tuple[dict, TaskSpec]:
     return spec, check_task(spec, cluster.task_type, cluster.task_index)
 
 
-def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
+def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, Task]:
     """The cluster and this task from the variables srun sets, one process per Slurm task. Ranks are
     laid on the nodes in order (Slurm's default block distribution); a task's port is
     cluster.port_base + 100 x (job id mod 200) + its place on its node. Roles go by rank: multi_worker_mirrored, all
@@ -177,7 +179,7 @@ def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, TaskSpec]:
     for role, address in zip(roles, addresses):
         spec.setdefault(role, []).append(address)
     spec = check_spec(spec, strategy)
-    return spec, TaskSpec(roles[rank], roles[:rank].count(roles[rank]), addresses[rank])
+    return spec, Task(roles[rank], roles[:rank].count(roles[rank]), addresses[rank])
 
 
 def slurm_gpus(env=os.environ) -> dict:
@@ -233,7 +235,7 @@ def local_spec(strategy: str, workers: int, ps: int, host: str = "127.0.0.1") ->
     return check_spec(spec, strategy)
 
 
-def check_port_free(task: TaskSpec) -> None:
+def check_port_free(task: Task) -> None:
     """A task's own port must be free before its server starts; TensorFlow would only say 'failed'."""
     _, port = parse_address(task.address, "address")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -245,7 +247,7 @@ def check_port_free(task: TaskSpec) -> None:
                               "stop what holds it or give this task another port") from None
 
 
-def peers(spec: dict, task: TaskSpec) -> dict:
+def peers(spec: dict, task: Task) -> dict:
     """The other tasks of the cluster: name -> address."""
     return {f"{t}-{i}": a for t, addresses in spec.items() for i, a in enumerate(addresses)
             if (t, i) != (task.type, task.index) and t != "evaluator"}  # an evaluator serves nothing

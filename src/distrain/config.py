@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import cpu as cpu_lib
 from . import schema
 from .errors import ConfigError
+from .rundir import RunDir
 from .schema import MWMS, PS, StrategyName
 
 # ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
@@ -190,31 +191,30 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
 
     trainer.resume=auto (a task that an orchestrator may restart): the same if there is a checkpoint
     (the run's config.yaml authoritative if it has one, else this command's), else a new run."""
-    saved_path = Path(run_dir) / "config.yaml"
+    saved_path = RunDir(run_dir).config
     saved = OmegaConf.load(saved_path) if saved_path.exists() else None
     if cfg.trainer.resume == "auto":
-        if not has_checkpoint(saved or cfg, run_dir):
+        if not RunDir(run_dir, saved or cfg).has_checkpoint():
             return OmegaConf.merge(cfg, {"trainer": {"resume": False}})
         if saved is None:
             return OmegaConf.merge(cfg, {"trainer": {"resume": True}})
     if saved is None:
         raise ConfigError(f"trainer.resume=true but {run_dir} holds no earlier run (no config.yaml): "
                           "set hydra.run.dir to the run directory to resume, e.g. outputs/DATE/TIME")
-    check_same_run(cfg, saved_path, overrides)
+    check_same_run(cfg, saved, saved_path, overrides)
     merged = OmegaConf.merge(saved, {"trainer": {"resume": True}})
     for key in _keys(overrides):
         if key in RESUME_MAY_CHANGE:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key))
-    if not has_checkpoint(merged, run_dir):
-        raise ConfigError(f"trainer.resume=true but {checkpoint_dir(merged, run_dir)} holds no checkpoint to resume "
+    if not RunDir(run_dir, merged).has_checkpoint():
+        raise ConfigError(f"trainer.resume=true but {RunDir(run_dir, merged).checkpoints} holds no checkpoint to resume "
                           "from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
     return merged
 
 
-def check_same_run(cfg: DictConfig, saved_path: Path, overrides: list) -> None:
-    """A ConfigError if one of this command's overrides contradicts the run whose config is at saved_path
-    (but for the keys a resume may change)."""
-    saved = OmegaConf.load(saved_path)
+def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrides: list) -> None:
+    """A ConfigError if one of this command's overrides contradicts the run whose config, `saved`, is at
+    saved_path (but for the keys a resume may change)."""
     for override, key in zip(overrides, _keys(overrides)):
         if key.startswith("hydra") or key in RESUME_MAY_CHANGE:
             continue
@@ -228,17 +228,3 @@ def check_same_run(cfg: DictConfig, saved_path: Path, overrides: list) -> None:
 
 def _keys(overrides: list) -> list:
     return [override.split("=", 1)[0].lstrip("+~") for override in overrides]
-
-
-def checkpoint_dir(cfg: DictConfig, run_dir: Path) -> Path:
-    """Where the chief keeps the run's checkpoints: trainer.checkpoint_dir, else <run dir>/checkpoints."""
-    return Path(cfg.trainer.checkpoint_dir or Path(run_dir) / "checkpoints")
-
-
-def kept_checkpoints(cfg: DictConfig, run_dir: Path) -> Path | None:
-    """Where the run keeps its checkpoints, or None if it keeps none (trainer.save_model=false)."""
-    return checkpoint_dir(cfg, run_dir) if cfg.trainer.save_model else None
-
-
-def has_checkpoint(cfg: DictConfig, run_dir: Path) -> bool:
-    return (checkpoint_dir(cfg, run_dir) / "checkpoint").exists()  # CheckpointManager's index

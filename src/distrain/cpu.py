@@ -4,8 +4,9 @@ import os
 import platform
 from pathlib import Path
 
+from .protocol import ONEDNN_WHY
+
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"  # TensorFlow reads it once, when it starts
-WHY = "DISTRAIN_ONEDNN_WHY"  # the launcher's reason, for the task's announcement
 # TensorFlow turns oneDNN on by itself on Linux only for CPUs with one of these (tensorflow/core/util/util.cc).
 ONEDNN_DEFAULT_ON = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 NATIVE_BFLOAT16 = ("avx512_bf16", "amx_bf16")  # CPU flags of bfloat16 arithmetic in hardware (oneDNN uses them)
@@ -52,12 +53,12 @@ def onednn_choice(setting, env=None, cpu: set[str] | None = None, machine: str |
 def onednn_env(setting) -> dict:
     """The task's environment for trainer.onednn: the variable (unless TensorFlow's default) and the reason."""
     value, why = onednn_choice(setting)
-    return {**({ONEDNN: value} if value is not None else {}), WHY: why}
+    return {**({ONEDNN: value} if value is not None else {}), ONEDNN_WHY: why}
 
 
 def onednn_line() -> str:
     """What the task runs, from TensorFlow itself (started by now), and why."""
-    why = os.environ.get(WHY) or (f"{ONEDNN}={os.environ[ONEDNN]}" if ONEDNN in os.environ else "TensorFlow's default")
+    why = os.environ.get(ONEDNN_WHY) or (f"{ONEDNN}={os.environ[ONEDNN]}" if ONEDNN in os.environ else "TensorFlow's default")
     return f"cpu kernels: {'oneDNN' if onednn_on() else 'Eigen, oneDNN off'} ({why})"
 
 

@@ -13,14 +13,14 @@ import os
 import time
 from pathlib import Path
 
-import yaml
 from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from . import report, schema, storage
+from . import schema, storage
+from .rundir import RunDir
 
 LOG_DIR = "tensorboard"  # <run dir>/tensorboard: the session; its train/ holds the per-epoch scalars
 FILE = "events.out.tfevents.0.distrain-hparams"  # one per session, rewritten as the run's record grows
@@ -37,23 +37,22 @@ STATUS = {"ok": api_pb2.STATUS_SUCCESS, "failed": api_pb2.STATUS_FAILURE, "inter
           "running": api_pb2.STATUS_RUNNING}
 
 
-def wanted(run_dir: Path) -> bool:
-    """Whether the run in run_dir logs for TensorBoard (trainer.tensorboard in its config.yaml)."""
-    return _config(run_dir).get("trainer", {}).get("tensorboard") is True
+def wanted(config: dict | None) -> bool:
+    """Whether the run of this config (its config.yaml's values) logs for TensorBoard (trainer.tensorboard)."""
+    return ((config or {}).get("trainer") or {}).get("tensorboard") is True
 
 
-def log_session(run_dir: Path, swept: dict, row: dict | None = None) -> dict:
+def log_session(run: RunDir, config: dict, swept: dict, row: dict | None = None) -> dict:
     """The run's session in <run_dir>/tensorboard: `swept` ({override key: value}) and its facts as
     hyperparameters, its results as metrics, its status.json as the session's end. `row`: the sweep
     summary's row of the job, for its speed-up and efficiency. Returns the hyperparameters."""
-    run_dir = Path(run_dir)
-    results, status = report.read_results(run_dir) or {}, report.read_json(run_dir / report.STATUS) or {}
-    values = {key: typed(value) for key, value in swept.items()} | facts(run_dir, results)
-    ended = _mtime(run_dir / report.STATUS)
-    start = _mtime(run_dir / "config.yaml") or ended or time.time()
+    results, status = run.read_results() or {}, run.read_status()
+    values = {key: typed(value) for key, value in swept.items()} | facts(config, results)
+    ended = _mtime(run.status)
+    start = _mtime(run.config) or ended or time.time()
     num = (row or {}).get("job")
     num = status.get("job") if num is None else num
-    summaries = [hp.hparams_pb(values, trial_id=f"job {num}" if num is not None else str(run_dir),
+    summaries = [hp.hparams_pb(values, trial_id=f"job {num}" if num is not None else str(run.path),
                                start_time_secs=start)]  # (a sweep's job by its number, else the run directory)
     for tag, name in METRICS:
         value = results.get(name) if name else (row or {}).get(tag)
@@ -65,7 +64,7 @@ def log_session(run_dir: Path, swept: dict, row: dict | None = None) -> dict:
         # (the API has no session end: it is made as the API makes its own summaries)
         summaries.append(hp._summary_pb(metadata.SESSION_END_INFO_TAG,
                                         plugin_data_pb2.HParamsPluginData(session_end_info=end)))
-    _write_events(run_dir / LOG_DIR / FILE, summaries, wall_time=ended or start)
+    _write_events(run.tensorboard / FILE, summaries, wall_time=ended or start)
     return values
 
 
@@ -91,11 +90,10 @@ class Swept(hp.Discrete):
         hparam_info.differs = len(self.values) > 1
 
 
-def facts(run_dir: Path, results: dict) -> dict:
+def facts(cfg: dict, results: dict) -> dict:
     """Strategy, workers, ps, replicas, global batch, model, data and precision: as results.json says,
     else (a run that failed before it finished) as much as its config.yaml says."""
     found = {name: results[key] for name, key in FACTS if results.get(key) is not None}
-    cfg = _config(run_dir)
     if cfg and not results:
         strategy, cluster = cfg["strategy"]["name"], cfg.get("cluster", {})
         found["strategy"] = strategy
@@ -127,13 +125,6 @@ def _order(value):
     return (isinstance(value, str), value)
 
 
-def _config(run_dir: Path) -> dict:
-    try:
-        return yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
-
-
 def _mtime(path: Path) -> float | None:
     try:
         return os.stat(path).st_mtime
@@ -155,4 +146,4 @@ def _write_events(path: Path, summaries: list, wall_time: float | None = None) -
                 content = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
                 value.metadata.plugin_data.content = content.SerializeToString(deterministic=True)
         records.write(event_pb2.Event(wall_time=now, step=0, summary=summary).SerializeToString(deterministic=True))
-    return storage.write_text(path, buffer.getvalue())
+    return storage.write_atomic(path, buffer.getvalue())

@@ -7,7 +7,6 @@ settle `data.source=auto`, and check an .npz file, once for every task.
 """
 import gzip
 import os
-import re
 import shutil
 import struct
 import tempfile
@@ -185,56 +184,9 @@ def _read_idx_dir(path: Path):
                  for split in ("train", "t10k"))
 
 
-OTHER_DATA = "holds other data than the coordinator read"
-HASH_BUCKETS = 2 ** 62  # tf.strings.to_hash_bucket_fast: the file's 64-bit fingerprint, in range
-
-
-def read_train_files(data, like, expect=None):
-    """The training images and labels as TensorFlow ops that read the IDX files where they run, shaped
-    and typed `like` the coordinator's (images, labels), or None for a source that is not files. A
-    parameter-server worker reads its data itself this way: arrays captured in its dataset function
-    would be shipped to every worker through the coordinator (at 60,000 examples, about 5 s of
-    start-up and 0.5 GB more memory per worker, measured).
-
-    expect: train_file_hashes() of the coordinator's files; a worker whose files differ (another
-    version of the data at the same path) fails rather than train on them."""
-    if data.source != "idx":
-        return None
-    import tensorflow as tf
-
-    def read(path: Path, array, expected):
-        raw = _contents(path)
-        if expected is not None:  # a fingerprint of the bytes: no copy of them, unlike a sum
-            same = tf.equal(tf.strings.to_hash_bucket_fast(raw, HASH_BUCKETS), tf.constant(expected, tf.int64))
-            with tf.control_dependencies([tf.debugging.Assert(same, [f"{path} {OTHER_DATA}"])]):
-                raw = tf.identity(raw)
-        header, dtype = idx_header(path)  # checked when the coordinator loaded the file
-        values = tf.io.decode_raw(tf.strings.substr(raw, header, -1), tf.as_dtype(dtype), little_endian=False)
-        return tf.reshape(tf.cast(values, array.dtype), [-1, *array.shape[1:]])
-
-    files = _train_files(data)
-    return tuple(read(f, array, e) for f, array, e in zip(files, like, expect or (None, None)))
-
-
-def train_file_hashes(data) -> tuple[int, int] | None:
-    """Fingerprints of the training IDX files (images, labels) as this machine holds them."""
-    if data.source != "idx":
-        return None
-    import tensorflow as tf
-
-    return tuple(int(tf.strings.to_hash_bucket_fast(_contents(f), HASH_BUCKETS)) for f in _train_files(data))
-
-
-def _train_files(data) -> list[Path]:
+def train_idx_files(data) -> list[Path]:
+    """The training IDX files (images, labels) of data.source=idx."""
     return [idx_file(Path(data.path), "train", kind) for kind in ("images", "labels")]
-
-
-def _contents(path: Path):
-    """A file's bytes, decompressed, as a TensorFlow op (it runs where the function runs)."""
-    import tensorflow as tf
-
-    raw = tf.io.read_file(str(path))
-    return tf.io.decode_compressed(raw, "GZIP") if path.suffix == ".gz" else raw
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -272,7 +224,7 @@ def write_idx(path: Path, array, compress: bool = False) -> None:
     if compress:
         path, raw = path.with_name(path.name + ".gz"), gzip.compress(raw)
     path.parent.mkdir(parents=True, exist_ok=True)
-    storage.write_text(path, raw)
+    storage.write_atomic(path, raw)
 
 
 def idx_header(path: Path) -> tuple[int, np.dtype]:
@@ -283,24 +235,6 @@ def idx_header(path: Path) -> tuple[int, np.dtype]:
     if zero != 0 or code not in IDX_TYPES:
         raise ValueError("not an IDX file of unsigned bytes, int32 or float32")
     return 4 + 4 * ndim, IDX_TYPES[code]
-
-
-def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
-    """A worker's failure to read data.path (missing there, or other data), as one line; else None."""
-    import tensorflow as tf
-
-    exc = getattr(exc, "original_exception", exc)  # the coordinator wraps a failed dataset (ClosureInputError)
-    if data.source != "idx" or not isinstance(exc, (tf.errors.NotFoundError, tf.errors.InvalidArgumentError)):
-        return None
-    fix = ("every parameter-server worker reads the IDX files itself: give each worker's machine the same "
-           f"files at data.path={data.path}")
-    other = re.search(rf"([^\s\[\]'\"]+) {OTHER_DATA}", exc.message)
-    if other:
-        return ConfigError(f"a worker's {other.group(1)} {OTHER_DATA}: {fix}")
-    if isinstance(exc, tf.errors.NotFoundError) and str(data.path) in exc.message:
-        missing = re.sub(r"\{\{function_node [^}]*\}\}", "", exc.message.splitlines()[0]).strip()
-        return ConfigError(f"a worker cannot read its training data ({missing}): {fix}")
-    return None
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -372,46 +306,3 @@ def synthetic(train_examples: int, test_examples: int, seed: int):
         return np.where(rng.random((n, 28, 28)) < 0.75, templates[labels], noise), labels
 
     return draw(train_examples), draw(test_examples)
-
-
-def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None,
-                 part=None, drop_remainder=False, skip=0, n=None):
-    """The pipeline every strategy uses: shuffle (fixed seed) and batch example indices, then gather
-    and normalise each batch from the in-memory arrays (load() gives them), prefetching ahead of the model.
-
-    Shuffling indices rather than images is cheap, and lets a worker build only its own part of
-    each batch: part=(i, n) keeps slice i of n of every batch, in order, so n sync workers together
-    see exactly the batches one device would. shard=(n, i) keeps every n-th example instead
-    (parameter-server workers, each reading its own share). The arrays live in memory as tensors,
-    which is the cache: nothing is decoded twice.
-    """
-    import tensorflow as tf  # here, not at the top: the launcher reads data without TensorFlow
-
-    n = n or len(labels)  # n: when images and labels are tensors of a size known only when they run
-    images, labels = tf.convert_to_tensor(images), tf.cast(tf.convert_to_tensor(labels), tf.int32)
-    ds = tf.data.Dataset.range(n)
-    if shard is not None:
-        ds = ds.shard(*shard)
-    if shuffle_buffer:
-        ds = ds.shuffle(min(shuffle_buffer, n), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    if repeat:  # after batching: every epoch is a fresh shuffle cut into whole batches
-        ds = ds.repeat()
-    if skip:  # a resumed run: the batches already trained, passed over as indices (cheap)
-        ds = ds.skip(skip)
-    if part is not None:
-        i, parts = part
-        size = batch_size // parts
-        ds = ds.map(lambda idx: idx[i * size:(i + 1) * size])
-    pixels = images.dtype == tf.uint8  # scaled to [0, 1]; float images are taken as they are
-
-    def gather(idx):
-        x = tf.cast(tf.gather(images, idx), tf.float32)
-        return (x / 255.0 if pixels else x), tf.gather(labels, idx)
-
-    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.deterministic = True
-    # Evaluation data goes to strategies whole: split it by element, the same way on every worker.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)

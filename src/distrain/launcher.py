@@ -21,13 +21,14 @@ from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import cpu, dashboard, data, report, schema, storage
-from .config import check_same_run, checkpoint_dir, has_checkpoint, kept_checkpoints, resumed, validate
+from .config import check_same_run, resumed, validate
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
-from .process import RESTARTS_CLUSTER, SCRATCH
-from .protocol import error_line
+from .protocol import RESTARTS_CLUSTER, SCRATCH, STARTED, error_line
+from .rundir import RunDir
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
-from .supervisor import Outcome, Restarts, Task, run_tasks
+from .restarts import Restarts
+from .supervisor import Outcome, TaskProcess, run_tasks
 from .sweep import split_override
 
 log = logging.getLogger("distrain")
@@ -60,11 +61,11 @@ class KeepEarlierRuns(Callback):
 
     def on_run_start(self, config, **kwargs) -> None:
         run_dir = Path(config.hydra.run.dir)
-        earlier = report.earlier_run(run_dir)
+        earlier = RunDir(run_dir).earlier_run()
         if earlier is None or config.trainer.resume:
             return
         if config.strategy.name in CLUSTER_STRATEGIES and config.cluster.name != "local" and \
-                report.ended(run_dir) in (None, "running"):
+                RunDir(run_dir).ended() in (None, "running"):
             return  # the tasks of a real cluster may share a run directory, which each starts
         _refuse(f"hydra.run.dir={run_dir} holds a run already, which {earlier}: go on with it with "
                 f"trainer.resume=true, set another hydra.run.dir, or remove {run_dir}")
@@ -73,7 +74,7 @@ class KeepEarlierRuns(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = [path.parent for path in sweep_dir.glob("*/config.yaml")]
         if jobs and not config.trainer.resume:
-            ends = Counter(report.ended(job) or "unrecorded" for job in jobs)
+            ends = Counter(RunDir(job).ended() or "unrecorded" for job in jobs)
             _refuse(f"hydra.sweep.dir={sweep_dir} holds a sweep already ({len(jobs)} job(s): "
                     f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
                     "trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove "
@@ -91,13 +92,15 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
 
     `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
     config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
-    if cfg.trainer.resume == "auto" and report.ended(run_dir) == "ok":
-        return _keep(cfg, run_dir, job, overrides)
+    run = RunDir(run_dir)
+    if cfg.trainer.resume == "auto" and run.ended() == "ok":
+        return _keep(cfg, run, job, overrides)
     if job:  # a job's start-up is timed from its own start (results.json: seconds_to_first_step)
-        os.environ["DISTRAIN_STARTED"] = str(time.time())
+        os.environ[STARTED] = str(time.time())
         # Before anything can interrupt it: a sweep's process that is killed before it records how its
         # job ended (joblib's workers, on Ctrl-C) leaves this, which the sweep then marks interrupted.
-        report.write_status(run_dir, "running", None, job=job)
+        run.write_status("running", None, job=job)
+    config = None  # the config.yaml written, as plain values
     try:
         cfg = validate(cfg)
         if cfg.trainer.resume:
@@ -107,7 +110,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
                 log.info("resuming the run in %s", run_dir)
             elif auto:
                 log.info("trainer.resume=auto: no checkpoint in %s yet, so the run starts from the beginning",
-                         checkpoint_dir(cfg, run_dir))
+                         RunDir(run_dir, cfg).checkpoints)
         if cfg.trainer.tensorboard == "auto":  # a sweep's dashboard; a single run's only if asked for
             cfg = OmegaConf.merge(cfg, {"trainer": {"tensorboard": job is not None}})
         source, why = data.resolve_source(cfg.data)
@@ -117,27 +120,29 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
             data.check_files(cfg.data)
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
-        config_path = _write_config(cfg, run_dir)
+        run = RunDir(run_dir, cfg)
+        _write_config(cfg, run)
+        config = OmegaConf.to_container(cfg, resolve=True)
     except ConfigError as exc:
         print_error(str(exc))
-        return _finish(Outcome(2, "failed", error_line(exc)), run_dir, job)
+        return _finish(Outcome(2, "failed", error_line(exc)), run, config, job)
     log.info("data: %s from source %s (%s)", schema.label(cfg.data), source, why)
     (logging.getLogger("distrain.config") if job else log).info(
-        "config (also in %s):\n%s", config_path, OmegaConf.to_yaml(cfg, resolve=True))
-    argv = [sys.executable, "-m", "distrain.task", str(config_path)]
+        "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
+    argv = [sys.executable, "-m", "distrain.task", str(run.config)]
 
     with environment(cpu.onednn_env(cfg.trainer.onednn)):  # read by TensorFlow as each task starts
         if cfg.strategy.name not in CLUSTER_STRATEGIES:
-            return _finish(run_tasks([Task("train", argv)], run_dir, job=job), run_dir, job, overrides)
+            return _finish(run_tasks([TaskProcess("train", argv)], run, job=job), run, config, job, overrides)
         if cfg.cluster.name == "local":
-            return _finish(run_local_cluster(cfg, run_dir, argv, job), run_dir, job, overrides)
+            return _finish(run_local_cluster(cfg, run, argv, job), run, config, job, overrides)
         # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
         log.info("this process is task %s:%d of %s", task.type, task.index, spec)
         env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
-        return _finish(run_tasks([Task(task.name, argv, env, spec=task,
-                                       peer_timeout=coordinator_timeout(cfg, task.type))], run_dir,
-                                 startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run_dir, job,
-                       overrides)
+        return _finish(run_tasks([TaskProcess(task.name, argv, env, task=task, cluster=spec,
+                                              peer_timeout=coordinator_timeout(cfg, task.type))], run,
+                                 startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run, config,
+                       job, overrides)
 
 
 @contextlib.contextmanager
@@ -163,7 +168,7 @@ def scratch_dir():
         yield path
 
 
-def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) -> Outcome:
+def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> Outcome:
     """Every task of the cluster as a process on this machine, inside a private network if possible.
 
     An essential task that dies restarts the whole cluster, which resumes from its latest checkpoint
@@ -187,52 +192,53 @@ def run_local_cluster(cfg, run_dir: Path, argv: list, job: Job | None = None) ->
             log.warning("cluster.pin_workers: %s", cores.shared)
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
         # Started only now, so that a run refused above imports nothing. argv[-1]: the run's config.
-        with ForkServer(argv[-1], run_dir / "logs" / "forkserver.log", net.wrap) as forks:
+        with ForkServer(argv[-1], run.log("forkserver"), net.wrap) as forks:
             while True:
                 spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
                 for task in tasks:  # after a restart of the cluster, each task's log goes on
                     task.restarts = restarts.per_task[task.name]
                     # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
-                    task.env[RESTARTS_CLUSTER] = str(int(restarts.cluster_left()))
-                log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.spec.address}" for t in tasks))
+                    task.env[RESTARTS_CLUSTER] = str(int(restarts.may_restart_cluster()))
+                log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.task.address}" for t in tasks))
 
                 def write_cluster_json(status: str):
                     state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
                              "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}
-                    storage.record(report.write_json, run_dir / "cluster.json", state)
+                    run.write_cluster(state)
 
-                outcome = run_tasks(tasks, run_dir, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
+                outcome = run_tasks(tasks, run, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
                                     job=job, restarts=restarts)
                 if not outcome.restart:
-                    _record_restarts(run_dir, restarts)
+                    _record_restarts(run, restarts)
                     return outcome
                 try:
-                    cfg = _resuming(cfg, run_dir)
+                    cfg = _resuming(cfg, run)
                 except ConfigError as exc:  # (a full disk)
                     print_error(str(exc))
                     return Outcome(2, "failed", error_line(exc))
 
 
 def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) -> tuple[dict, list]:
-    """The cluster spec (ports picked free) and a Task for each of its tasks."""
+    """The cluster spec (ports picked free) and a TaskProcess for each of its tasks."""
     c, strategy = cfg.cluster, cfg.strategy.name
     spec = cluster_lib.local_spec(strategy, c.workers, c.ps)
     tasks = []
     for task_type, addresses in spec.items():
         for index, address in enumerate(addresses):
-            task = cluster_lib.TaskSpec(task_type, index, address)
+            task = cluster_lib.Task(task_type, index, address)
             # The chief coordinates parameter servers and needs few threads; workers share the cores.
             env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
             serves = strategy == PS and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if c.pin_workers and task_type == "worker" else None
-            tasks.append(Task(task.name, net.wrap(argv), env, main=not serves, alone=serves and task_type == "worker",
-                              quiet=strategy == MWMS and index > 0, spec=task, cores=pinned,
-                              peer_timeout=coordinator_timeout(cfg, task_type), forks=forks))
+            tasks.append(TaskProcess(task.name, net.wrap(argv), env, main=not serves,
+                                     alone=serves and task_type == "worker", quiet=strategy == MWMS and index > 0,
+                                     task=task, cores=pinned, peer_timeout=coordinator_timeout(cfg, task_type),
+                                     forks=forks))
     if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
-        evaluator = cluster_lib.TaskSpec("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
+        evaluator = cluster_lib.Task("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
         env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
                **cluster_lib.thread_caps("evaluator", c.workers)}
-        tasks.append(Task(evaluator.name, net.wrap(argv), env, essential=False, spec=evaluator, forks=forks))
+        tasks.append(TaskProcess(evaluator.name, net.wrap(argv), env, essential=False, task=evaluator, forks=forks))
     return spec, tasks
 
 
@@ -241,66 +247,66 @@ def coordinator_timeout(cfg, task_type: str) -> float:
     return cfg.cluster.peer_timeout if cfg.strategy.name == PS and task_type == "chief" else 0
 
 
-def _keep(cfg, run_dir: Path, job: Job | None, overrides) -> int:
+def _keep(cfg, run: RunDir, job: Job | None, overrides) -> int:
     """trainer.resume=auto where the run ended ok: nothing to do (a rerun sweep's finished job), but to
     say so; nothing is written there. The same run only: another's is refused in one line."""
     try:
-        check_same_run(cfg, run_dir / "config.yaml", list(overrides))
+        check_same_run(cfg, OmegaConf.load(run.config), run.config, list(overrides))
     except ConfigError as exc:
         print_error(str(exc))
         return 2
-    results = report.read_results(run_dir)
-    log.info("%s: kept (ok%s)%s", f"job {job}" if job else f"the run in {run_dir}",
+    results = run.read_results()
+    log.info("%s: kept (ok%s)%s", f"job {job}" if job else f"the run in {run}",
              f" - {report.short_line(results)}" if results else "",
              "" if job else "; trainer.resume=true with more trainer.epochs trains it further")
     return 0
 
 
-def _write_config(cfg, run_dir: Path) -> Path:
+def _write_config(cfg, run: RunDir) -> None:
     """The resolved config, which every task reads (written whole, though every task of a real cluster
     writes it); a full disk is a ConfigError saying so."""
     try:
-        return report.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        run.write_config(OmegaConf.to_yaml(cfg, resolve=True))
     except OSError as exc:
         if not storage.is_full(exc):
             raise
-        raise ConfigError(storage.full_disk_line(run_dir, kept_checkpoints(cfg, run_dir))) from exc
+        raise ConfigError(storage.full_disk_line(run.path, run.kept_checkpoints)) from exc
 
 
-def _resuming(cfg, run_dir: Path):
+def _resuming(cfg, run: RunDir):
     """The config for a restarted cluster: resume from the latest checkpoint if there is one."""
-    if not has_checkpoint(cfg, run_dir):
-        log.warning("no checkpoint yet in %s: the cluster starts from the beginning", checkpoint_dir(cfg, run_dir))
+    if not run.has_checkpoint():
+        log.warning("no checkpoint yet in %s: the cluster starts from the beginning", run.checkpoints)
         return cfg
     cfg = OmegaConf.merge(cfg, {"trainer": {"resume": True}})
-    _write_config(cfg, run_dir)  # what the restarted tasks read
+    _write_config(cfg, run)  # what the restarted tasks read
     return cfg
 
 
-def _record_restarts(run_dir: Path, restarts: Restarts) -> None:
+def _record_restarts(run: RunDir, restarts: Restarts) -> None:
     """The launcher's restarts, added to the chief's results.json, with the workers that left the run
     (parameter servers) and so the number there were at its end."""
-    results = report.read_results(run_dir)
+    results = run.read_results()
     if results is not None and restarts.done:
         gone = restarts.gone()
-        storage.record(report.write_json, run_dir / report.RESULTS,
-                       {**results, "task_restarts": restarts.done, "workers_left_the_run": gone,
-                        "final_num_workers": results["num_workers"] - len(gone)})
+        run.add_to_results({"task_restarts": restarts.done, "workers_left_the_run": gone,
+                            "final_num_workers": results["num_workers"] - len(gone)})
 
 
-def _finish(outcome: Outcome, run_dir: Path, job: Job | None, overrides=()) -> int:
+def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None, overrides=()) -> int:
     """Record how the run ended in status.json (run_tasks wrote it already, before stopping the tasks;
     not so a run refused before it started) and as a TensorBoard session, draw a finished run's
-    curves.png, say it in one line. `overrides`: a single run's, its hyperparameters in TensorBoard."""
-    report.write_status(run_dir, outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
-    if dashboard.wanted(run_dir):
+    curves.png, say it in one line. config: the config.yaml written (None: the run was refused);
+    `overrides`: a single run's, its hyperparameters in TensorBoard."""
+    run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
+    if dashboard.wanted(config):
         swept = job.values if job else dict(split_override(o) for o in overrides if not o.startswith(("hydra", "~")))
-        storage.record(dashboard.log_session, run_dir, swept)
-    results = report.read_results(run_dir) if outcome.status == "ok" else None
+        storage.record(dashboard.log_session, run, config, swept)
+    results = run.read_results() if outcome.status == "ok" else None
     if results:
         try:
             from . import plots  # matplotlib: only once there is something to draw
-            plots.curves(results, run_dir / "curves.png")
+            plots.curves(results, run / "curves.png")
         except Exception as exc:  # noqa: BLE001 - a plot that fails must not fail a finished run
             log.warning("curves.png not drawn: %s", exc)
     if job:
@@ -309,7 +315,7 @@ def _finish(outcome: Outcome, run_dir: Path, job: Job | None, overrides=()) -> i
         else:
             log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
                       f" - {outcome.error}" if outcome.error else "")
-    elif outcome.code and (run_dir / "logs").exists():  # (a run refused before it started said why already)
+    elif outcome.code and run.logs.exists():  # (a run refused before it started said why already)
         log.error("the run %s with exit status %d; logs in %s",
-                  "was interrupted" if outcome.status == "interrupted" else "failed", outcome.code, run_dir / "logs")
+                  "was interrupted" if outcome.status == "interrupted" else "failed", outcome.code, run.logs)
     return outcome.code

@@ -10,6 +10,8 @@ import sys
 import tempfile
 import time
 
+from .protocol import HEARTBEAT, SCRATCH
+
 
 def die_with_parent() -> None:
     """Linux: this process gets SIGKILL when the process that started it dies, however it dies."""
@@ -34,10 +36,6 @@ def exit_now(code: int):
 def _clean_up() -> None:
     for cleanup in _CLEANUPS:
         cleanup()
-
-
-SCRATCH = "DISTRAIN_SCRATCH"  # a local cluster's directory for its tasks' temporary files
-RESTARTS_CLUSTER = "DISTRAIN_RESTARTS_CLUSTER"  # "1": the launcher restarts the cluster if a task is lost
 
 
 def scratch() -> str | None:
@@ -101,13 +99,13 @@ class Preemption:
 
 
 class Heartbeat:
-    """This task's sign of progress, for the launcher: a file (DISTRAIN_HEARTBEAT) whose time is set
+    """This task's sign of progress, for the launcher: a file (protocol.HEARTBEAT) whose time is set
     at each pet. When it stops for cluster.peer_timeout seconds, the launcher ends the task and says
     why. A thread in the task could not: TensorFlow holds the interpreter's lock while it waits on a
     hung peer (registering a checkpoint's function on every task, say), which never times out."""
 
     def __init__(self, grace: float = 60.0):
-        self.path = os.environ.get("DISTRAIN_HEARTBEAT")
+        self.path = os.environ.get(HEARTBEAT)
         self.pet(ahead=grace)  # before the first pet: tracing, and each task's first call
 
     def pet(self, ahead: float = 0.0) -> None:

@@ -1,6 +1,14 @@
-"""What a task tells its launcher through its output, written and read here alone: the line saying
-the task is up, and the line saying why it failed (which the launcher sends on to stderr)."""
+"""What the launcher and its tasks tell each other, spelled here alone: through a task's output, the
+line saying it is up and the line saying why it failed (which the launcher sends on to stderr); through
+the environment, the variables the launcher sets for its tasks."""
 import os
+
+# The environment a task inherits from its launcher (besides TF_CONFIG, TensorFlow's own).
+STARTED = "DISTRAIN_STARTED"  # when the command (or a sweep's job) started: results.json's seconds_to_first_step
+HEARTBEAT = "DISTRAIN_HEARTBEAT"  # the file whose time a task sets as it makes progress (process.Heartbeat)
+SCRATCH = "DISTRAIN_SCRATCH"  # a local cluster's directory for its tasks' temporary files
+RESTARTS_CLUSTER = "DISTRAIN_RESTARTS_CLUSTER"  # "1": the launcher restarts the cluster if a task is lost
+ONEDNN_WHY = "DISTRAIN_ONEDNN_WHY"  # why the launcher chose the CPU kernels, for the task's announcement
 
 READY = "ready at"
 ERROR = "error:"

@@ -1,63 +1,8 @@
-"""What a run leaves behind for people and tools: results.json, status.json and the closing lines."""
-import json
+"""What a run tells people and tools: the content of results.json (rundir.py writes it) and the closing lines."""
 import os
-from pathlib import Path
 
-from . import schema, storage
-from .storage import write_text
-
-RESULTS = "results.json"
-STATUS = "status.json"
-
-
-def write_json(path: Path, content: dict) -> Path:
-    return write_text(path, json.dumps(content, indent=2) + "\n")
-
-
-def read_json(path: Path) -> dict | None:
-    """A JSON file, or None where it is missing or unreadable (a run that never finished)."""
-    try:
-        content = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return content if isinstance(content, dict) else None
-
-
-def write_results(run_dir: Path, results: dict) -> Path:
-    return write_json(Path(run_dir) / RESULTS, results)
-
-
-def read_results(run_dir: Path) -> dict | None:
-    return read_json(Path(run_dir) / RESULTS)
-
-
-def write_status(run_dir: Path, status: str, code: int, error: str = "", log_tail=(), job=None) -> None:
-    """How the run ended: ok, failed or interrupted, its exit status, and for a failure its error line
-    and the end of the failing task's log (what a sweep summary shows for a failed job)."""
-    content = {"status": status, "exit_status": code, "error": error, "log_tail": list(log_tail)}
-    if job is not None:
-        content.update(job=job.num, swept=job.swept)
-    storage.record(write_json, Path(run_dir) / STATUS, content)  # (a full disk: said, not raised)
-
-
-def ended(run_dir: Path) -> str | None:
-    """How the run in run_dir ended, as its status.json says (ok, failed, interrupted; running if its
-    launcher was killed), or None if it recorded none."""
-    return (read_json(Path(run_dir) / STATUS) or {}).get("status")
-
-
-def earlier_run(run_dir: Path) -> str | None:
-    """The run in run_dir, in words ("ended ok at global step 744"), or None if none was started there."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists():
-        return None
-    status, results = ended(run_dir), read_results(run_dir) or {}
-    how = {"ok": "ended ok", "failed": "failed", "interrupted": "was interrupted", "restarting": "was restarting"}
-    words = how.get(status, "was stopped before it recorded how it ended")
-    if status == "ok" and "global_steps" in results:
-        words += f" at global step {results['global_steps']}, test accuracy {results['test_accuracy']:.2%}"
-    latest = storage.latest_checkpoint(run_dir / "checkpoints")
-    return words + (f"; its latest checkpoint is {latest}" if latest and status != "ok" else "")
+from . import schema
+from .protocol import STARTED
 
 
 def results(cfg, data, progress, test: list, facts: dict) -> dict:
@@ -90,8 +35,8 @@ def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
 
 
 def seconds_since_start(moment: float | None) -> float | None:
-    """Seconds from the command's start (cli.py notes it in DISTRAIN_STARTED for every task) to a moment."""
-    started = os.environ.get("DISTRAIN_STARTED")
+    """Seconds from the command's start (cli.py notes it in protocol.STARTED for every task) to a moment."""
+    started = os.environ.get(STARTED)
     return round(moment - float(started), 3) if moment and started else None
 
 

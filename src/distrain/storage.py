@@ -18,7 +18,7 @@ log = logging.getLogger("distrain")
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def write_text(path: Path, text: str | bytes) -> Path:
+def write_atomic(path: Path, text: str | bytes) -> Path:
     """`text` (or bytes) into `path` atomically; an error names `path` and leaves no temporary file."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # several tasks may write the same file

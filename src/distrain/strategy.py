@@ -79,8 +79,8 @@ def gpu_capabilities() -> list[tuple]:
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distribute.Strategy:
-    """Cluster strategies read this task's place in the cluster from TF_CONFIG (the launcher sets it).
+def make_strategy(strategy_cfg, context=None, peer_timeout: float | None = None) -> tf.distribute.Strategy:
+    """Cluster strategies take this task's place in the cluster from its context (context.RunContext).
     peer_timeout: seconds after which a multi-worker mirrored peer that stopped answering fails the run."""
     name = strategy_cfg.name
     if name == StrategyName.default:
@@ -93,7 +93,7 @@ def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distrib
         return tf.distribute.experimental.CentralStorageStrategy(
             compute_devices(strategy_cfg), parameter_device=_checked([strategy_cfg.parameter_device])[0])
     if name == MWMS:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        resolver = context.resolver()
         if peer_timeout:
             watch_heartbeats(resolver.cluster_spec(), peer_timeout)
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
@@ -101,13 +101,11 @@ def make_strategy(strategy_cfg, peer_timeout: float | None = None) -> tf.distrib
         return tf.distribute.MultiWorkerMirroredStrategy(
             resolver, communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
     if name == PS:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         partitioner = None
         if strategy_cfg.variable_partitioner:
-            num_ps = len(resolver.cluster_spec().as_dict()["ps"])
             partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-                min_shard_bytes=strategy_cfg.min_shard_bytes, max_shards=strategy_cfg.max_shards or num_ps)
-        return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+                min_shard_bytes=strategy_cfg.min_shard_bytes, max_shards=strategy_cfg.max_shards or context.ps)
+        return tf.distribute.ParameterServerStrategy(context.resolver(), variable_partitioner=partitioner)
     raise ConfigError(f"strategy={name} is unknown: use one of the options that --help lists")
 
 
@@ -133,35 +131,3 @@ def replica_devices(strategy) -> list[str]:
         return list(strategy.extended.worker_devices)
     except RuntimeError:
         return [next((d for d in local_devices() if d.startswith("/gpu")), "/cpu:0")]
-
-
-def _cluster(strategy):
-    """This task's TF_CONFIG resolver under a cluster strategy, else None."""
-    if isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.ParameterServerStrategy)):
-        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return None
-
-
-def is_chief(strategy) -> bool:
-    """The task that writes the checkpoint, model and results: the chief, else worker 0."""
-    resolver = _cluster(strategy)
-    if resolver is None or resolver.task_type == "chief":
-        return True
-    return resolver.task_type == "worker" and resolver.task_id == 0 and \
-        "chief" not in resolver.cluster_spec().as_dict()
-
-
-def cluster_spec(strategy) -> dict:
-    """The cluster as {job: [addresses]}; {} outside a cluster."""
-    resolver = _cluster(strategy)
-    return resolver.cluster_spec().as_dict() if resolver else {}
-
-
-def cluster_size(strategy) -> tuple[int, int]:
-    """(workers, ps): training tasks and parameter servers (a chief counts as a worker under MWMS)."""
-    spec = cluster_spec(strategy)
-    if not spec:
-        return 1, 0
-    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
-        return len(spec["worker"]), len(spec["ps"])
-    return len(spec.get("worker", [])) + len(spec.get("chief", [])), 0

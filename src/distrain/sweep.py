@@ -14,7 +14,8 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
-from . import report
+from .rundir import STATUS, RunDir
+from .storage import write_atomic
 from .errors import print_error
 
 MEASURES = [  # summary column <- results.json key
@@ -58,7 +59,7 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
     rows, varying = collect(sweep_dir)
     if not rows:
         print_error(f"no jobs found in {sweep_dir} (no run directory with .hydra/overrides.yaml or "
-                    f"{report.STATUS}): give the directory a multirun made (multirun/DATE/TIME)")
+                    f"{STATUS}): give the directory a multirun made (multirun/DATE/TIME)")
         return None
     summary = Summary(sweep_dir, rows, varying)
     columns = ["job", *varying, "status", "exit_status", *(name for name, _ in MEASURES if name not in varying),
@@ -75,7 +76,7 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
         text += ["", f"## Job {row['job']}: {row['status']}" + (f" (exit status {row['exit_status']})"
                                                                if row["exit_status"] not in ("", None) else ""),
                  "", row["error"] or "(no error line)", "", "```", *row["log_tail"], "```"]
-    report.write_text(sweep_dir / "summary.md", "\n".join(text) + "\n")
+    write_atomic(sweep_dir / "summary.md", "\n".join(text) + "\n")
     picture = plot(summary, sweep_dir / "scaling.png")
     sessions = log_dashboard(summary)
     print("\n".join([f"Sweep summary ({len(rows)} job(s), {len(summary.failed)} not ok): {sweep_dir}",
@@ -94,11 +95,12 @@ def log_dashboard(summary: Summary) -> int:
     before it wrote one, the speed-ups), and the sweep's experiment, the dashboard's columns. Sessions."""
     from . import dashboard  # (TensorBoard's protocol buffers: only for a sweep that logs for it)
 
-    jobs = [(summary.sweep_dir / row["run_dir"], row) for row in summary.rows]
-    if not any(dashboard.wanted(job_dir) for job_dir, _ in jobs):
+    jobs = [(run, run.read_config(), row) for row in summary.rows
+            for run in [RunDir(summary.sweep_dir / row["run_dir"])]]
+    if not any(dashboard.wanted(config) for _, config, _ in jobs):
         return 0
-    sessions = [dashboard.log_session(job_dir, {k: row[k] for k in summary.varying if row[k] != ""}, row)
-                for job_dir, row in jobs]
+    sessions = [dashboard.log_session(run, config or {}, {k: row[k] for k in summary.varying if row[k] != ""}, row)
+                for run, config, row in jobs]
     dashboard.log_experiment(summary.sweep_dir, sessions)
     return len(sessions)
 
@@ -106,20 +108,14 @@ def log_dashboard(summary: Summary) -> int:
 def mark_interrupted(sweep_dir: Path | None, why: str) -> None:
     """After Ctrl-C: a job still "running" in its status.json (its process was killed before it could
     say how it ended, as joblib kills its workers) was interrupted; so was its cluster."""
-    for path in sweep_dir.glob(f"*/{report.STATUS}") if sweep_dir else ():
-        status = report.read_json(path) or {}
-        if status.get("status") != "running":
-            continue
-        report.write_json(path, {**status, "status": "interrupted", "exit_status": 130, "error": why})
-        cluster = report.read_json(path.parent / "cluster.json")
-        if cluster and cluster.get("status") in ("running", "restarting"):
-            report.write_json(path.parent / "cluster.json", {**cluster, "status": "interrupted"})
+    for path in sweep_dir.glob(f"*/{STATUS}") if sweep_dir else ():
+        RunDir(path.parent).mark_interrupted(why)
 
 
 def collect(sweep_dir: Path) -> tuple[list, list]:
     """(rows, varying override keys): a row per job directory, in job order."""
     dirs = {p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml")}
-    dirs |= {p.parent for p in sweep_dir.glob(f"**/{report.STATUS}")}
+    dirs |= {p.parent for p in sweep_dir.glob(f"**/{STATUS}")}
     rows = sorted((_job_row(d, sweep_dir) for d in dirs),
                   key=lambda r: (r["job"] is None, r["job"] or 0, r["run_dir"]))
     keys = list(dict.fromkeys(k for r in rows for k in r["overrides"]))
@@ -138,8 +134,8 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     num = (hydra_cfg.get("job") or {}).get("num")
     if num is None:
         num = int(job_dir.name) if job_dir.name.isdigit() else None
-    status = report.read_json(job_dir / report.STATUS) or {}
-    results = report.read_results(job_dir) or {}
+    run = RunDir(job_dir)
+    status, results = run.read_status(), run.read_results() or {}
     state = status.get("status")
     if state in (None, "running"):  # the job never finished (killed, or still running)
         state = "ok" if results else "incomplete"
@@ -244,7 +240,7 @@ def _write_csv(path: Path, rows: list, columns: list) -> None:
     writer.writeheader()
     for row in rows:
         writer.writerow({**row, "log_tail": "\n".join(row["log_tail"])})
-    report.write_text(path, text.getvalue())
+    write_atomic(path, text.getvalue())
 
 
 def swept(hydra_config) -> list:

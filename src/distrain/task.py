@@ -15,11 +15,11 @@ from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import report, storage
-from .config import checkpoint_dir, kept_checkpoints
-from .data import unreadable_on_worker
+from .context import RunContext
 from .errors import ConfigError, PeerLost, print_error
-from .process import RESTARTS_CLUSTER, Preempted, Preemption, die_with_parent, exit_now
-from .protocol import say_ready
+from .process import Preempted, Preemption, die_with_parent, exit_now
+from .protocol import RESTARTS_CLUSTER, say_ready
+from .rundir import RunDir
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
 
 
@@ -27,36 +27,38 @@ def main(argv=None) -> int:
     die_with_parent()  # again here: nsenter's change of credentials may have cleared it
     config_path = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(config_path)
-    run_dir = config_path.parent
+    context = RunContext(RunDir(config_path.parent, cfg))
     try:
-        task = None
-        if cfg.strategy.name in CLUSTER_STRATEGIES:
-            spec, task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+        if cfg.strategy.name in CLUSTER_STRATEGIES:  # TF_CONFIG, read here alone
+            context.cluster, context.task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+            task = context.task
             if task.type == "evaluator":
-                return evaluate(cfg, run_dir, task)
+                return evaluate(cfg, context)
             cluster_lib.check_port_free(task)
             if cfg.strategy.name == PS and task.type in ("ps", "worker"):
-                return serve(task, spec if cfg.cluster.name == "slurm" else None, cfg.cluster.startup_timeout)
+                return serve(context, cfg.cluster.name == "slurm", cfg.cluster.startup_timeout)
         # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
-        from .strategy import configure_devices, is_chief, make_strategy
+        from .pipeline import unreadable_on_worker
+        from .strategy import configure_devices, make_strategy
         from .training import train
 
         one_line_records()
 
-        if task and cfg.strategy.name == PS:  # the coordinator: up once its ps and workers are
-            cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
+        if context.task and cfg.strategy.name == PS:  # the coordinator: up once its ps and workers are
+            cluster_lib.wait_for_peers(cluster_lib.peers(context.cluster, context.task))
         configure_devices(cfg.strategy)
-        strategy = make_strategy(cfg.strategy, cfg.cluster.peer_timeout if task else None)
-        if task:
-            say_ready(task)
+        strategy = make_strategy(cfg.strategy, context, cfg.cluster.peer_timeout if context.task else None)
+        context.know_strategy(strategy)
+        if context.task:
+            say_ready(context.task)
         Preemption.watch(strategy if cfg.strategy.name == MWMS else None)
         try:
-            results, _ = train(cfg, run_dir, strategy)
-            if is_chief(strategy):
-                report.write_results(run_dir, results)
+            results, _ = train(cfg, context.run.path, strategy, context)
+            if context.chief:
+                context.run.write_results(results)
         except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
             raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or \
-                full_disk(exc, cfg, run_dir, clean=is_chief(strategy)) or exc
+                full_disk(exc, context.run, clean=context.chief) or exc
     except ConfigError as exc:
         print_error(str(exc))
         return 2
@@ -72,11 +74,11 @@ def main(argv=None) -> int:
         saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
         print(f"stopped by SIGTERM at global step {exc}: {saved}; go on with trainer.resume=true", flush=True)
         return 128 + signal.SIGTERM
-    if is_chief(strategy):
+    if context.chief:
         print(report.summary_line(results), flush=True)
-    if task and cfg.strategy.name == PS:  # the coordinator: all is written
+    if context.task and cfg.strategy.name == PS:  # the coordinator: all is written
         sys.stderr.flush()
-        os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (training.KEPT)
+        os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (runners.KEPT)
     return 0
 
 
@@ -108,26 +110,26 @@ def lost_peer(exc: Exception, cfg) -> PeerLost | None:
     return None
 
 
-def full_disk(exc: Exception, cfg, run_dir: Path, clean: bool = False) -> ConfigError | None:
+def full_disk(exc: Exception, run: RunDir, clean: bool = False) -> ConfigError | None:
     """A full disk, as one line saying what was kept; else None. clean: this task writes the run
     directory (the chief), and removes the files the full disk cut short."""
     if not storage.is_full(exc):
         return None
     if clean:
-        storage.remove_partial(run_dir, checkpoint_dir(cfg, run_dir) if cfg.trainer.checkpoint_dir else None)
-    return ConfigError(storage.full_disk_line(storage.where(exc, run_dir), kept_checkpoints(cfg, run_dir)))
+        storage.remove_partial(run.path, run.checkpoints)
+    return ConfigError(storage.full_disk_line(storage.where(exc, run.path), run.kept_checkpoints))
 
 
-def evaluate(cfg, run_dir: Path, task) -> int:
+def evaluate(cfg, context: RunContext) -> int:
     """The evaluator task: no server, no strategy; it reads the chief's checkpoints as they appear."""
-    from .training import evaluate_checkpoints
+    from .evaluator import evaluate_checkpoints
 
-    say_ready(task)
-    evaluations = evaluate_checkpoints(cfg, run_dir)
+    say_ready(context.task)
+    evaluations = evaluate_checkpoints(cfg, context.run)
     try:
-        report.write_json(run_dir / "evaluation.json", evaluations)
+        context.run.write_evaluation(evaluations)
     except OSError as exc:
-        raise full_disk(exc, cfg, run_dir) or exc
+        raise full_disk(exc, context.run) or exc
     return 0
 
 
@@ -154,20 +156,20 @@ def one_line_records() -> None:
         logger.propagate = False
 
 
-def serve(task, spec: dict | None = None, startup_timeout: float = 0) -> int:
+def serve(context: RunContext, until_chief_gone: bool = False, startup_timeout: float = 0) -> int:
     """A ps or worker task under parameter servers: a gRPC server that runs what the chief sends,
-    until it is stopped; or, given the cluster `spec` (a Slurm job step, which ends only when every
-    task has), until the chief, once up, is gone."""
+    until it is stopped; or, until_chief_gone (a Slurm job step, which ends only when every task has),
+    until the chief, once up, is gone."""
     import tensorflow as tf
 
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task.type, task_index=task.index,
+    task = context.task
+    server = tf.distribute.Server(tf.train.ClusterSpec(context.cluster), job_name=task.type, task_index=task.index,
                                   protocol="grpc", start=True)
     say_ready(task)
-    if spec is None:
+    if not until_chief_gone:
         server.join()  # until the launcher (or the user) stops this task
         return 0
-    chief = {"chief-0": spec["chief"][0]}
+    chief = {"chief-0": context.cluster["chief"][0]}
     deadline = time.monotonic() + startup_timeout
     while silent := cluster_lib.unanswered(chief):
         if time.monotonic() > deadline:

@@ -1,0 +1,44 @@
+"""The evaluator task of a cluster (cluster.evaluator=true): no server, no strategy; it evaluates the
+chief's checkpoints as they appear, on the test data, and the task writes evaluation.json."""
+from pathlib import Path
+
+import tensorflow as tf
+
+from .checkpoints import read_position
+from .model import compile_model
+from .pipeline import InputReader
+from .rundir import RunDir
+from .training import build, load_data, set_precision
+
+
+def evaluate_checkpoints(cfg, run: RunDir) -> dict:
+    """Evaluate each checkpoint the chief writes, until the last epoch's, with the model and data the
+    training builds."""
+    t = cfg.trainer
+    data = load_data(cfg, tf.distribute.get_strategy())
+    model, optimizer, probabilities = build(cfg, data, set_precision(t))
+    compile_model(model, optimizer, t, probabilities)
+    test_ds = InputReader(data.x_test, data.y_test, cfg, training=False)()
+    directory = run.checkpoints
+    print(f"evaluator: waiting for checkpoints in {directory}", flush=True)
+    evaluations = []
+    for path in tf.train.checkpoints_iterator(str(directory)):  # each newest checkpoint, once
+        try:
+            tf.train.Checkpoint(model=model).restore(path).expect_partial()
+        except tf.errors.NotFoundError:  # pruned before we got to it
+            continue
+        except (tf.errors.OpError, ValueError) as exc:  # cut short (a full disk): the next one will do
+            print(f"evaluator: skipped {Path(path).name}, which cannot be read ({type(exc).__name__})", flush=True)
+            continue
+        position = read_position(path)
+        if position is None:  # pruned before we got to it
+            continue
+        loss, accuracy = model.evaluate(test_ds, verbose=0)
+        epoch, step = position.epoch, position.step  # epochs finished, steps into the next
+        evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "step": step, "loss": loss,
+                            "accuracy": accuracy})
+        where = f"epoch {epoch}" + (f" + {step} steps" if step else "")
+        print(f"evaluator: {where} ({Path(path).name}): test loss {loss:.4f}, accuracy {accuracy:.4f}", flush=True)
+        if epoch >= t.epochs:
+            break
+    return {"checkpoint_dir": str(directory), "evaluations": evaluations}

@@ -1,0 +1,107 @@
+"""What a lost task means for the run, as pure functions of its state: `decide` picks the action, and
+`Restarts` keeps the budgets (cluster.max_restarts within cluster.restart_window) and the record of
+each restart. The supervisor acts on them; nothing here starts or stops a process."""
+import logging
+import time
+from collections import Counter
+
+log = logging.getLogger("distrain")
+
+# What to do about a task that ended (or hung): decide() picks one.
+GO_ON, RESTART_IT, LEAVE, RESTART_CLUSTER, FAIL = "go on", "restart it", "leave", "restart the cluster", "fail"
+
+
+def decide(code: int, alone: bool, essential: bool, may_restart: bool, others_running: bool = False,
+           one_departed: bool = False, may_restart_cluster: bool = False) -> str:
+    """What a task's end means for the run. code: its exit status (1 if it hung); alone: it can be
+    restarted on its own (a parameter-server worker); essential: the run cannot go on without it (not
+    a sidecar evaluator); may_restart: its budget (cluster.max_restarts) allows another restart;
+    others_running: other tasks like it still run, so that one past its budget may leave the run to them;
+    one_departed: a task like it has left the run already, so that one restarted alone could not rejoin
+    (TensorFlow's coordinator takes a worker back only once every worker answers): the cluster
+    restarts instead, as may_restart_cluster (the cluster's budget) allows.
+    A status of 2 is a configuration error, which a restart would repeat and leaving would hide."""
+    if code == 0:
+        return GO_ON
+    can_restart = may_restart and code != 2
+    if alone and code != 2:
+        if can_restart and not one_departed:
+            return RESTART_IT
+        if can_restart and may_restart_cluster:
+            return RESTART_CLUSTER
+        if others_running:
+            return LEAVE
+        return FAIL if essential else GO_ON
+    if essential:
+        return RESTART_CLUSTER if can_restart else FAIL
+    return GO_ON
+
+
+DEPARTED = "no: it left the run"  # the record of a worker past its budget (Restarts.leave)
+
+
+class Restarts:
+    """The restart budgets of a local cluster, and the record of each restart. cluster.max_restarts
+    counts, over the last cluster.restart_window seconds (0: ever), the restarts of each task restarted
+    alone (a parameter-server worker) and, apart, the restarts of the whole cluster."""
+    CLUSTER = "the cluster"
+
+    def __init__(self, limit: int, window: float = 0.0, clock=time.time):
+        self.limit, self.window, self.clock, self.done = limit, window, clock, []
+        self.per_task = Counter()  # times each task was started again
+
+    def _counted(self, task) -> list:
+        """The restarts that count against the budget `task` draws on: its own if it restarts alone."""
+        return self._within_window(task.name if task.alone else self.CLUSTER)
+
+    def _within_window(self, budget: str) -> list:
+        since = self.clock() - self.window if self.window else float("-inf")
+        return [r for r in self.done if r["budget"] == budget and r["time"] >= since]
+
+    def may_restart(self, task) -> bool:
+        """Whether the budget `task` draws on allows another restart."""
+        return len(self._counted(task)) < self.limit
+
+    def gone(self) -> list[str]:
+        """The workers that left the run since the cluster last started (a restart of it brings all back)."""
+        since = max((i + 1 for i, r in enumerate(self.done) if r["budget"] == self.CLUSTER), default=0)
+        return sorted({r["task"] for r in self.done[since:] if r["restarted"] == DEPARTED})
+
+    def may_restart_cluster(self) -> bool:
+        """Whether a lost essential task would restart the cluster (rather than end the run)."""
+        return len(self._within_window(self.CLUSTER)) < self.limit
+
+    def take(self, task, code: int | None, why: str, what: str, restarted: list, whole: bool = False) -> None:
+        """`task` exited with `code` (None: it hung), as `why` says: the `restarted` tasks start again
+        (`whole`: the cluster, from the cluster's budget whatever the task)."""
+        budget = self.CLUSTER if whole or not task.alone else task.name
+        self.done.append({"task": task.name, "exit_status": code, "restarted": what, "budget": budget,
+                          "time": round(self.clock(), 3)})
+        self.per_task.update(t.name for t in restarted)
+        log.warning("%s: restarting %s (restart %d of %d%s, cluster.max_restarts)", why, what,
+                    len(self._within_window(budget)), self.limit, self._within())
+
+    def leave(self, task, code: int | None, why: str, others: int) -> None:
+        """`task`, past its budget, leaves the run to the `others` like it."""
+        spent = self.spent(why, task)
+        self.done.append({"task": task.name, "exit_status": code, "restarted": DEPARTED,
+                          "budget": task.name, "time": round(self.clock(), 3)})
+        log.warning("%s: it leaves the run, which goes on with %d worker(s)", spent, others)
+
+    def spent(self, why: str, task) -> str:
+        """`why` a task ended, with how much of the budget it drew on was spent, if any was."""
+        counted = self._counted(task)
+        if not counted:
+            return why
+        whom = f"{task.name} was" if task.alone else "the cluster was"
+        return f"{why} and {whom} restarted {len(counted)} time(s) already{self._within()} " \
+               f"(cluster.max_restarts={self.limit})"
+
+    def exhausted(self, why: str, task) -> str:
+        """The line for a task past its budget: spent(), and what to do about it."""
+        if not self._counted(task):
+            return why
+        return f"{self.spent(why, task)}; raise cluster.max_restarts, or read its log for why it keeps dying"
+
+    def _within(self) -> str:
+        return f" within {self.window:g} s (cluster.restart_window)" if self.window else ""

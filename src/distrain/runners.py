@@ -1,0 +1,249 @@
+"""The runners of an epoch's training steps: one tf.function of a few steps (forward pass, loss,
+gradients, apply), and how it is called. SyncEpochs: every worker process calls it (multi-worker
+mirrored, mirrored, one device). AsyncEpochs: the parameter-server coordinator schedules the calls
+on whichever worker is free. The loss and metrics are passed in; what comes back is their sums."""
+import time
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from .process import Heartbeat
+from .report import seconds_since_start
+from .strategy import replica_devices
+
+# The runners, never deleted: deleting the coordinator's functions removes them from every remote
+# task, which after a worker's restart takes seconds (12 s for a run's functions, measured), and
+# deleting a multi_worker_mirrored input iterator can wait 1.2 s for the peers (seen in 6 of 10 runs
+# with TensorBoard's scalars). A task's process ends without (task.main); the tests clear this.
+KEPT = []
+
+
+
+def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, metrics: dict):
+    """A tf.function that runs `steps` training steps on this worker's replicas and returns this
+    worker's sums: [losses, each metric's values, examples]. loss_fn(labels, outputs): the loss of each
+    example (reduction "none"); metrics: {name: fn(labels, outputs)}, each example's value. The sums
+    stay local: Keras metrics would be synchronised across the workers at every step (multi-worker
+    mirrored) or live on the ps tasks."""
+    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+
+    @tf.function(jit_compile=jit_compile)
+    def gradients(images, labels):
+        """Forward and backward pass; XLA compiles this part only, never the cross-worker all-reduce."""
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            losses = loss_fn(labels, logits)
+            loss = tf.nn.compute_average_loss(losses)  # over the global batch: replica gradients sum to the mean
+            if scaled:
+                loss = optimizer.get_scaled_loss(loss)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+        stats = tf.stack([tf.reduce_sum(losses), *(tf.reduce_sum(tf.cast(fn(labels, logits), tf.float32))
+                                                    for fn in metrics.values()),
+                          tf.cast(tf.shape(labels)[0], tf.float32)])
+        return grads, stats
+
+    def step(images, labels):
+        grads, stats = gradients(images, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces across replicas
+        return stats
+
+    @tf.function
+    def train_steps(iterator, steps):
+        totals = tf.zeros([len(metrics) + 2])
+        for _ in tf.range(steps):
+            per_replica = strategy.run(step, args=next(iterator))
+            totals += tf.add_n(strategy.experimental_local_results(per_replica))
+        return totals
+
+    return train_steps
+
+
+class SyncEpochs:
+    """Synchronous strategies: every worker process makes each call itself. Gradients are all-reduced
+    inside every step; the sums of the loss and metrics (`names`, as make_train_steps returns them)
+    only when asked for (checkpoints, epoch end)."""
+
+    first_step_at = None  # time.time() when the first call returned
+
+    def __init__(self, strategy, train_steps, dataset, optimizer, names: list, per_call: int, progress: bool,
+                 workers: int = 1):
+        self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
+        self.optimizer, self.names, self.per_call, self.progress = optimizer, names, per_call, progress
+        self.workers = workers
+
+    def begin(self, steps: int, done: int, carried: list) -> None:
+        """An epoch of `steps` steps, `done` of them already (resumed), whose sums so far are `carried`."""
+        self.local, self.carried, self.done = tf.zeros([len(carried)]), np.array(carried, np.float32), done
+        self.bar = keras.utils.Progbar(steps, stateful_metrics=self.names) if self.progress else None
+        if self.bar and done:
+            self.bar.update(done)
+
+    def run(self, calls: list, on_nan=None, stop=None) -> int:
+        """The calls, or those before stop() says to stop; the steps they ran. on_nan(step) as soon as
+        this worker's loss is no number (the workers share their weights, so they diverge together)."""
+        ran = 0
+        for steps in calls:
+            self.local += self.train_steps(self.iterator, tf.constant(steps))
+            self.done, ran = self.done + steps, ran + steps
+            self.first_step_at = self.first_step_at or time.time()
+            if on_nan and not np.isfinite(self.local[0].numpy()):
+                on_nan(self.done)
+            if self.bar and self.done < self.bar.target:  # this worker's running values
+                self.bar.update(self.done, means(self.names, self.local + self.carried), finalize=False)
+            if stop and stop():
+                break
+        return ran
+
+    def totals(self) -> list:
+        """The sums of the epoch so far over every worker (all of them must ask)."""
+        return (across_workers(self.strategy, self.local).numpy() + self.carried).tolist()
+
+    def end(self) -> list:
+        totals = self.totals()
+        if self.bar:  # the last update shows the whole cluster's values
+            self.bar.update(self.done, means(self.names, totals), finalize=True)
+        return totals
+
+    def epoch_line(self, steps: int) -> str:
+        return f"{steps} steps"
+
+    def scalars(self) -> dict:
+        """The epoch's scalars for TensorBoard beyond loss, accuracy and speed."""
+        return {"epoch_learning_rate": learning_rate(self.optimizer)}
+
+    def finish(self, model, rebuild) -> tuple:
+        """The trained model and its optimizer, to evaluate and save in this process: these."""
+        return model, self.optimizer
+
+    def describe(self, batch_size: int) -> dict:
+        replicas = self.strategy.num_replicas_in_sync
+        return {"num_replicas": replicas, "num_workers": self.workers, "num_ps": 0,
+                "devices": replica_devices(self.strategy), "per_replica_batch_size": batch_size // replicas,
+                "steps_per_execution": self.per_call, "global_steps": int(self.optimizer.iterations.numpy()),
+                "seconds_to_first_step": seconds_since_start(self.first_step_at)}
+
+
+def learning_rate(optimizer) -> float:
+    """The optimizer's learning rate now (a schedule's at this step)."""
+    rate = optimizer.learning_rate
+    return float(keras.backend.get_value(rate(optimizer.iterations) if callable(rate) else rate))
+
+
+def means(names: list, totals) -> list:
+    """[(name, mean per example)] of sums [one per name..., examples]."""
+    return [(name, float(total) / float(totals[-1])) for name, total in zip(names, totals)]
+
+
+def across_workers(strategy, local):
+    """The sum of every worker's `local` (one all-reduce); a single process already holds it all."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return local
+    share = local / len(strategy.extended.worker_devices)  # each of this worker's replicas holds a share
+    return strategy.reduce("SUM", strategy.experimental_distribute_values_from_function(lambda _: share),
+                           axis=None)
+
+
+class AsyncEpochs:
+    """Parameter servers: this process is the coordinator. It schedules the calls on whichever worker
+    is free and waits for them all, counting each worker's steps. A worker that dies loses nothing:
+    its calls run again on the others."""
+    progress = False
+    first_step_at = None  # time.time() when the first call returned
+
+    def __init__(self, strategy, train_steps, dataset_fn, model, optimizer, names: list, steps: int,
+                 steps_per_execution: int, workers: int, ps: int):
+        self.strategy, self.names, self.workers, self.ps = strategy, names, workers, ps
+        print(placement_table(model.variables + optimizer.variables, ps), flush=True)
+        # An epoch ends at a join(): with too few functions per epoch, workers idle while the last ones
+        # finish. Keep at least 4 per worker.
+        self.per_call = max(1, min(steps_per_execution, steps // (4 * workers)))
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        # Kept for the run: a worker builds its dataset later, and again after a restart, from files
+        # that dataset_fn may hold (data.TemporaryIdx).
+        self.dataset_fn = dataset_fn
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        self.optimizer = optimizer
+        self.worker_steps = [0] * workers
+        self.logged_steps = [0] * workers  # as the last epoch's scalars counted them
+        print(f"coordinator up: {workers} worker(s)", flush=True)
+        # TensorFlow waits without end for a call on a hung worker or ps task (it retries only on
+        # tasks that fail), and so does a checkpoint, which registers a function on every task: the
+        # launcher watches this heartbeat instead.
+        self.heartbeat = Heartbeat()
+
+        @tf.function
+        def scheduled(iterator, steps):
+            return tf.distribute.coordinator.experimental_get_current_worker_index(), train_steps(iterator, steps)
+        self.scheduled = scheduled
+
+    def begin(self, steps: int, done: int, carried: list) -> None:
+        self.sums, self.done = np.array(carried, np.float64), done
+
+    def run(self, calls: list, on_nan=None, stop=None) -> int:
+        """The calls, scheduled at once and joined (so all of them run); on_nan(step) if the loss is
+        then no number. Returns the steps run."""
+        remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
+                  for steps in calls]
+        for steps, value in remote:
+            try:
+                worker, worker_totals = value.fetch()  # once the call has run, on whichever worker took it
+            except tf.errors.UnavailableError:  # it ran, but its worker died before its sums were copied here
+                continue  # (a failed ps or call is raised again by join() below)
+            finally:
+                self.heartbeat.pet()
+            self.first_step_at = self.first_step_at or time.time()
+            self.worker_steps[int(worker)] += steps
+            self.sums += worker_totals
+        self.coordinator.join()
+        self.done += sum(calls)
+        if on_nan and not np.isfinite(self.sums[0]):
+            on_nan(self.done)
+        return sum(calls)
+
+    def totals(self) -> list:
+        return self.sums.tolist()
+
+    end = totals
+
+    def epoch_line(self, steps: int) -> str:
+        per_worker = ", ".join(f"worker {i}: {n}" for i, n in enumerate(self.worker_steps))
+        return f"global step {int(self.optimizer.iterations.numpy())} ({per_worker})"
+
+    def scalars(self) -> dict:
+        """The learning rate, and the steps each worker ran this epoch (asynchronous: a slow or lost
+        worker runs fewer)."""
+        ran = {f"epoch_steps_worker_{i}": n - before for i, (n, before) in
+               enumerate(zip(self.worker_steps, self.logged_steps))}
+        self.logged_steps = list(self.worker_steps)
+        return {"epoch_learning_rate": learning_rate(self.optimizer), **ran}
+
+    def finish(self, model, rebuild) -> tuple:
+        """A copy of the trained model and a fresh optimizer here on the coordinator (rebuild() makes
+        them), to evaluate and save: the trained variables live on the ps tasks."""
+        self.heartbeat.stop()
+        local, optimizer = rebuild()
+        local.set_weights(model.get_weights())
+        return local, optimizer
+
+    def describe(self, batch_size: int) -> dict:
+        workers, ps = self.workers, self.ps
+        replicas = self.strategy.num_replicas_in_sync  # per worker
+        return {"num_replicas": replicas * workers, "num_workers": workers, "num_ps": ps,
+                "devices": replica_devices(self.strategy), "per_replica_batch_size": batch_size // replicas,
+                "steps_per_execution": self.per_call, "global_steps": int(self.optimizer.iterations.numpy()),
+                "seconds_to_first_step": seconds_since_start(self.first_step_at),
+                "worker_steps": {str(i): n for i, n in enumerate(self.worker_steps)}}
+
+
+
+def placement_table(variables, num_ps: int) -> str:
+    """Which ps task holds each variable (shards listed one by one): what replica_device_setter did."""
+    lines = [f"variable placement over {num_ps} ps task(s):"]
+    for variable in variables:
+        for shard in getattr(variable, "variables", [variable]):  # a ShardedVariable lists its shards
+            spec = tf.DeviceSpec.from_string(shard.device)
+            lines.append(f"  {shard.name:<40} {str(tuple(shard.shape)):<16} {spec.job}:{spec.task}")
+    return "\n".join(lines)
