@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain.errors import ConfigError
+from distrain.errors import ConfigError, Diverged
 import distrain.strategy
 from distrain import training
 from distrain.training import train
@@ -119,7 +119,7 @@ def test_a_diverging_run_stops_at_the_step_it_diverges(tmp_path, strategy):
     config = small(f"strategy={strategy}", "strategy.cpu_virtual_devices=2", "model=mlp", "optimizer=sgd",
                    "trainer.learning_rate=1e9", "trainer.epochs=3", "trainer.save_model=true",
                    "trainer.checkpoint_every_steps=1")
-    with pytest.raises(ConfigError, match=r"loss became NaN or infinite in epoch 1, step (\d+) .*lower "
+    with pytest.raises(Diverged, match=r"loss became NaN or infinite in epoch 1, step (\d+) .*lower "
                                           r"trainer.learning_rate \(now 1000000000.0\)") as stopped:
         train(config, tmp_path)
     step = int(re.search(r"step (\d+)", str(stopped.value)).group(1))

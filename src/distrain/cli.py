@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import schema, storage
+from . import checking, storage
 from .config import validate
 from .errors import ConfigError, print_error
 from .protocol import STARTED
@@ -68,7 +68,7 @@ def _help(root: DictConfig) -> str:
             options.setdefault(str(path.parent.relative_to(base)), {}).setdefault(path.stem, mark)
     groups = "\n".join(f"  {group}: {', '.join(o + mark for o, mark in sorted(found.items()))}"
                        for group, found in sorted(options.items()))
-    keys = schema.describe(root)
+    keys = checking.describe(root)
     return f"""distrain: config-driven distributed training for TensorFlow.
 
   distrain [group=option ...] [key=value ...]     one run, e.g. strategy=mirrored
@@ -110,8 +110,8 @@ def _error_line(exc: Exception) -> str:
         option = re.match(r"In '([^']+)': ", str(exc)) if isinstance(exc, ConfigCompositionException) else None
         if option:
             files = [d / f"{option.group(1)}.yaml" for d in (*map(Path, OWN_DIRS), Path(CONFIG_DIR))]
-            return f"in {next((f for f in files if f.exists()), option.group(1))}: {schema.explain(cause)}"
-        return schema.explain(cause)
+            return f"in {next((f for f in files if f.exists()), option.group(1))}: {checking.explain(cause)}"
+        return checking.explain(cause)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if isinstance(exc, MissingConfigException) and len(lines) > 2 and lines[1].startswith("Available options"):
         group, wanted = lines[1].split("'")[1], lines[0].split("'")[-2].rsplit("/", 1)[-1]

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from . import cpu as cpu_lib
-from . import schema
+from . import checking, schema
 from .errors import ConfigError
 from .rundir import RunDir
 from .schema import MWMS, PS, StrategyName
@@ -36,7 +36,7 @@ def configured_replicas(strategy: DictConfig, cluster: DictConfig):
 
 def validate(cfg: DictConfig) -> DictConfig:
     """The checked config (resolved, values of their schema's types), or a one-line ConfigError."""
-    cfg = _renamed(schema.check(cfg))
+    cfg = _renamed(checking.check(cfg))
     t, c = cfg.trainer, cfg.cluster
     # A source that does not hold the named dataset would train on one thing and report another.
     if cfg.data.source == "bundled" and cfg.data.name != "mnist":

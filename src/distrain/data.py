@@ -22,7 +22,8 @@ from . import storage
 from .config import instantiate
 from .errors import ConfigError
 from .process import scratch
-from .schema import label, own_node
+from .checking import own_node
+from .schema import label
 
 BUNDLED = Path(__file__).parent / "data" / "mnist-10k.npz"
 BUNDLED_TRAIN = 8000

@@ -8,8 +8,11 @@ class ConfigError(Exception):
     """Bad input: the message is one line naming the problem and the fix."""
 
 
-class Diverged(ConfigError):
+class Diverged(Exception):
     """The loss became NaN or infinite: training stops there, since going on cannot help."""
+
+
+FINAL = (ConfigError, Diverged)  # one line and exit status 2: a restart would only repeat them
 
 
 class PeerLost(Exception):

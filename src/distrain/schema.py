@@ -2,23 +2,18 @@
 
 Each dataclass is registered in Hydra's ConfigStore as `schema/<group>/<option>`, and the YAML file of
 that option (conf/<group>/<option>.yaml) extends it. So Hydra and OmegaConf convert or refuse a value
-of the wrong type while composing, and `check()` refuses keys the schema does not have (a `+key=...`
-gets past composition) and values outside their range. Checks that relate several keys live in
-config.py. No TensorFlow here: bad input fails in about a second.
+of the wrong type while composing, and `checking.check()` refuses keys the schema does not have (a `+key=...`
+gets past composition) and values outside their range. This module declares; checking.py checks a
+composed config against it and explains what it refuses (and lists the keys for --help). Checks that
+relate several keys live in config.py. No TensorFlow here: bad input fails in about a second.
 """
-import dataclasses
-import difflib
 import math
 import os
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Any, Callable, List, NamedTuple, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from .errors import ConfigError
 
 CORES = len(os.sched_getaffinity(0))
 MAX_PER_CORE = 8  # virtual devices, or local cluster tasks, per core: beyond that a run only crawls
@@ -339,175 +334,14 @@ def register() -> None:
             store.store(group=f"schema/{group}", name=option, node=schema)
 
 
-# ---- checking ---------------------------------------------------------------------------------------
-
-def _kind(schema, name: str) -> str:
-    """What a value of this key must be, in words."""
-    meta = {f.name: f for f in dataclasses.fields(schema)}[name]
-    kind, text = meta.type, str(meta.type)
-    if isinstance(kind, type) and issubclass(kind, Enum):
-        return "one of " + ", ".join(kind.__members__)
-    if kind is Any:  # a few fixed values of several types (cluster.isolate)
-        return "one of " + meta.metadata["check"].says.removeprefix("is not one of ")
-    for word, says in (("List", "a list such as [a,b]"), ("bool", "true or false"), ("int", "an integer"),
-                       ("float", "a number"), ("str", "text")):
-        if word in text:
-            return says + (" or null" if "Optional" in text else "")
-    return "a value"
-
-
-def _example(schema, name: str):
-    """A valid value to suggest for the key, as one writes it on the command line."""
-    meta = {f.name: f for f in dataclasses.fields(schema)}[name]
-    value = meta.metadata.get("example")
-    if value is None:
-        value = meta.default if meta.default is not dataclasses.MISSING else meta.default_factory()
-    if isinstance(value, Enum):
-        value = value.value
-    if isinstance(value, bool):
-        return str(value).lower()
-    return "[]" if value == [] else value
-
-
-def _shown(value) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, Enum):
-        return value.value
-    return repr(value) if isinstance(value, str) and (not value or value.strip() != value) else str(value)
-
-
-def explain(exc: OmegaConfBaseException, group: str = "") -> str:
-    """One line for a value or key OmegaConf refused: names the key, says what it must be, and a fix."""
-    full = ".".join(p for p in (group, exc.full_key) if p) if exc.full_key else group
-    schema = exc.object_type if dataclasses.is_dataclass(exc.object_type) else None
-    name = full.rsplit(".", 1)[-1]
-    parent_node = getattr(exc, "parent_node", None)
-    if schema is None and "not in struct" in str(exc) and isinstance(parent_node, DictConfig) and "." in full:
-        parent = full.rsplit(".", 1)[0]  # a key a user's own option (model=mine) does not have
-        return (f"{full} is not a key of {parent} (it has {', '.join(map(str, parent_node.keys()))}): drop it, or "
-                f"add it as +{full}=... if {parent}'s builder or loader takes it")
-    if schema is None:
-        return str(exc).splitlines()[0]
-    fields = [f.name for f in dataclasses.fields(schema)]
-    parent = full.rsplit(".", 1)[0] if "." in full else ""
-    if name not in fields:
-        close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
-        if close:
-            return (f"{full} is not a key of {parent or 'the config'}: "
-                    f"set e.g. {parent + '.' if parent else ''}{close[0]}={_example(schema, close[0])}")
-        return (f"{full} is not a key of {parent or 'the config'} (it has {', '.join(fields)}): drop it, "
-                "or pick another option of the group (`python train.py --help` lists them)")
-    kind, example = _kind(schema, name), _example(schema, name)
-    if kind.startswith("a list") and isinstance(exc.value, str):
-        example = f"[{exc.value}]"  # one address given where a list of them is meant
-    return f"{full}={_shown(exc.value)} must be {kind}: set e.g. {full}={example}"
-
-
 # Groups whose options may be the user's own: a node with a `_target_` that is no built-in option's.
 OWN = {"model": Builder, "data": Loader}
-
-
-def _defaults(schema) -> dict:
-    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            for f in dataclasses.fields(schema)}
-
-
-def _schema_of(group: str, node) -> type:
-    name = node.get("name", "default") if isinstance(node, DictConfig) else None
-    options = SCHEMAS[group]
-    if group in OWN and isinstance(node, DictConfig):
-        target = node.get("_target_")
-        builtin = {_defaults(schema).get("_target_"): schema for schema in options.values()}  # cnn, mlp
-        if target and target in builtin:
-            return builtin[target]
-        if target or "name" not in node:
-            return OWN[group]
-    if name not in options:
-        raise ConfigError(f"{group}.name={name!r} names no {group} option: choose the option itself, "
-                          f"e.g. {group}={next(iter(options))}")
-    return options[name]
-
-
-def own_node(group: str, node: DictConfig) -> tuple[dict, dict]:
-    """A user's model or data node: (the keys distrain reads, the builder's or loader's arguments).
-    `model._target_=...` on the command line replaces a built-in option's builder but leaves that
-    option's keys in the node: those still at their defaults are not the new builder's, so they go."""
-    replaced = SCHEMAS[group].get(node.get("name"))
-    defaults = _defaults(replaced) if replaced else {}
-    node = {k: v for k, v in node.items() if not (k in defaults and v == defaults[k])}
-    own = [f.name for f in dataclasses.fields(OWN[group])]
-    if group == "model" and not node.get("_target_") and not node.get("path"):
-        raise ConfigError("a model option needs _target_ (its builder) or path (a saved model): set e.g. "
-                          "model._target_=mymodels.small_cnn")
-    if group == "data" and not node.get("_target_"):
-        raise ConfigError("a data option of your own needs _target_ (its loader): set e.g. data._target_=mydata.load, "
-                          "or use data=npz data.path=FILE.npz")
-    return {k: v for k, v in node.items() if k in own}, {k: v for k, v in node.items() if k not in own}
-
-
-def check(cfg: DictConfig) -> DictConfig:
-    """The config, resolved, with every value converted to its schema's type (enums as their names).
-    Raises a one-line ConfigError for a key the schema does not have, a value of the wrong type (in a
-    config read from a file), or a value out of range. A user's own model or data node keeps the keys
-    that are its builder's or loader's arguments as they are."""
-    try:
-        plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-    except OmegaConfBaseException as exc:
-        raise ConfigError(explain(exc)) from None
-    roots = [f.name for f in dataclasses.fields(Root)]
-    unknown = sorted(set(plain.keys()) - set(roots))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], roots, n=1)
-        raise ConfigError(f"{unknown[0]} is not a config key: " + (f"set e.g. {close[0]}=... instead" if close
-                          else "drop it (`python train.py --help` lists every key)"))
-    checked = {}
-    for group in SCHEMAS:
-        schema, node, arguments = _schema_of(group, plain[group]), plain[group], {}
-        if schema is OWN.get(group):
-            node, arguments = own_node(group, node)
-        try:
-            node = OmegaConf.merge(OmegaConf.structured(schema), node)
-        except OmegaConfBaseException as exc:
-            raise ConfigError(explain(exc, group)) from None
-        for f in dataclasses.fields(schema):
-            value, rule = node[f.name], f.metadata.get("check")
-            if rule and value is not None and not rule.ok(value):
-                raise ConfigError(f"{group}.{f.name}={_shown(value)} {rule.says}: "
-                                  f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
-        checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
-    try:
-        root = OmegaConf.merge(OmegaConf.structured(Root), {"optimizer": plain.optimizer})
-    except OmegaConfBaseException as exc:
-        raise ConfigError(explain(exc)) from None
-    return OmegaConf.create({**checked, "optimizer": root.optimizer.value})
 
 
 def label(node) -> str:
     """How results and summaries name a model or dataset: its name, else its builder's or loader's
     _target_, else (a saved model) its path."""
     return node.get("name") or node.get("_target_") or str(node.get("path"))
-
-
-def describe(cfg: DictConfig) -> str:
-    """Every key of the composed config: its value, type and meaning (for --help)."""
-    def line(schema, name: str, value, indent: str) -> str:
-        doc = {f.name: f for f in dataclasses.fields(schema)}[name].metadata.get("doc", "")
-        return f"{indent}{name}: {_shown(value) if value is not None else 'null'}  ({_kind(schema, name)}) {doc}"
-
-    lines = []
-    for group in SCHEMAS:
-        node = cfg.get(group)
-        try:
-            schema = _schema_of(group, node)
-            arguments = own_node(group, node)[1] if schema is OWN.get(group) else {}
-        except ConfigError:
-            continue
-        lines.append(f"{group}:")
-        lines += [line(schema, f.name, OmegaConf.select(node, f.name), "  ") for f in dataclasses.fields(schema)]
-        lines += [f"  {k}: {_shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
-    lines.append(line(Root, "optimizer", cfg.get("optimizer"), ""))
-    return "\n".join(lines)
 
 
 register()  # on import, as Hydra's structured configs are: the YAML options extend these

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import report, storage
 from .context import RunContext
-from .errors import ConfigError, PeerLost, print_error
+from .errors import FINAL, ConfigError, PeerLost, print_error
 from .process import Preempted, Preemption, die_with_parent, exit_now
 from .protocol import RESTARTS_CLUSTER, say_ready
 from .rundir import RunDir
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
             raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or \
                 full_disk(exc, context.run, clean=context.chief) or exc
-    except ConfigError as exc:
+    except FINAL as exc:
         print_error(str(exc))
         return 2
     except PeerLost as exc:

@@ -57,12 +57,13 @@ class Arrays(NamedTuple):
 def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     """Train as the config says; returns (results dict, model). The chief saves into run_dir.
 
-    context: this task's place in the run, as task.main builds it; None: this process alone. One loop
-    for every strategy. An epoch is a series of calls
-    to `train_steps`, a tf.function of a few training steps: synchronous strategies call it in every
-    worker process alike (gradients are all-reduced inside the step); under parameter servers this
-    process is the coordinator and schedules the calls on whichever worker is free (asynchronous SGD).
-    The runner (make_runner) is what differs.
+    context: this task's place in the run, as task.main builds it; None: this process alone.
+
+    One loop for every strategy. An epoch is a series of calls to `train_steps`, a tf.function of a
+    few training steps: synchronous strategies call it in every worker process alike (gradients are
+    all-reduced inside the step); under parameter servers this process is the coordinator and
+    schedules the calls on whichever worker is free (asynchronous SGD). The runner (make_runner) is
+    what differs.
     """
     if strategy is None:
         configure_devices(cfg.strategy)
