@@ -50,41 +50,18 @@ class RunDir:
         return str(self.path)
 
     # -- where things lie
-    @property
-    def config(self) -> Path:
-        return self.path / CONFIG
-
-    @property
-    def status(self) -> Path:
-        return self.path / STATUS
-
-    @property
-    def results(self) -> Path:
-        return self.path / RESULTS
-
-    @property
-    def cluster(self) -> Path:
-        return self.path / CLUSTER
-
-    @property
-    def evaluation(self) -> Path:
-        return self.path / EVALUATION
-
-    @property
-    def logs(self) -> Path:
-        return self.path / "logs"
+    config = property(lambda self: self.path / CONFIG)
+    status = property(lambda self: self.path / STATUS)
+    results = property(lambda self: self.path / RESULTS)
+    cluster = property(lambda self: self.path / CLUSTER)
+    evaluation = property(lambda self: self.path / EVALUATION)
+    logs = property(lambda self: self.path / "logs")  # a log per task, and the fork server's
+    saved_model = property(lambda self: self.path / "saved_model")
+    tensorboard = property(lambda self: self.path / "tensorboard")  # the HParams session; train/: the scalars
 
     def log(self, name: str) -> Path:
         """A task's log (train, worker-0, ...), or the fork server's."""
         return self.logs / f"{name}.log"
-
-    @property
-    def saved_model(self) -> Path:
-        return self.path / "saved_model"
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.path / "tensorboard"
 
     def _trainer(self) -> dict:
         if self._cfg is not None:
