@@ -6,6 +6,7 @@ import difflib
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,19 +42,39 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    job = None
+    job, apart = None, False
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        job = launcher.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg))
-    code = launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
-    if code in INTERRUPTED and job:
+        apart = sweep.runs_jobs_apart(hydra_cfg.launcher)
+        job = launcher.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg), Path(hydra_cfg.sweep.dir) if apart else None)
+    code = launch_apart(cfg, run_dir, job, hydra_cfg) if apart else \
+        launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
+    if code in INTERRUPTED and job and not apart:
         print(f"sweep interrupted during job {job}: `distrain summarize {hydra_cfg.sweep.dir}` summarises "
               "the jobs so far", file=sys.stderr, flush=True)
-    if code and (job is None or code in INTERRUPTED):
-        sys.exit(code)  # a single run's status; an interrupt ends the whole sweep
+    if code and (job is None or (code in INTERRUPTED and not apart)):
+        sys.exit(code)  # a single run's status; an interrupt ends the whole sweep (its process ends one apart)
     if code:
-        return JobFailed(f"job {job} failed with exit status {code}")
+        return JobFailed(f"job {job} " + ("was interrupted" if code in INTERRUPTED else f"failed with exit status {code}"))
     results = RunDir(run_dir).read_results()
     return results["test_accuracy"] if results else None
+
+
+def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:
+    """A sweep's job in a process of its own (sweep.runs_jobs_apart), which hears Ctrl-C for the sweep
+    (the sweep's process ignores it): interrupted, it says so to the sweep, whose other jobs stop too.
+    Between jobs, the process ignores Ctrl-C again (joblib's workers would die of it)."""
+    from . import launcher
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
+    except KeyboardInterrupt:  # before its tasks started
+        RunDir(run_dir).write_status("interrupted", 130, "interrupted by SIGINT", job=job)
+        job.say_stopped(signal.SIGINT)
+        code = 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
 
 
 OWN_DIRS = []  # the user's config directories (--config-dir, hydra.searchpath=[file://...]), set by main()

@@ -8,6 +8,7 @@ a process, so each run (and, on a cluster, each task) gets a fresh one.
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -29,6 +30,7 @@ from .rundir import RunDir
 from .schema import CLUSTER_STRATEGIES, MWMS, PS
 from .restarts import Restarts
 from .supervisor import Outcome, TaskProcess, run_tasks
+from . import sweep
 from .sweep import split_override
 
 log = logging.getLogger("distrain")
@@ -37,9 +39,19 @@ log = logging.getLogger("distrain")
 @dataclass
 class Job:
     """Where a run stands in a sweep: its number, and its overrides of the keys the sweep varies
-    (e.g. ["cluster.workers=2"])."""
+    (e.g. ["cluster.workers=2"]). sweep_dir: for a job in a process of its own, where the jobs tell each
+    other that the sweep was interrupted (sweep.SweepSummary)."""
     num: int
     overrides: list = field(default_factory=list)
+    sweep_dir: Path | None = None
+
+    def stopped_by(self) -> int | None:
+        """The signal that interrupted the sweep, as one of its jobs said, or None."""
+        return sweep.stopped_by(self.sweep_dir) if self.sweep_dir else None
+
+    def say_stopped(self, signum: int) -> None:
+        if self.sweep_dir:
+            sweep.say_stopped(self.sweep_dir, signum)
 
     @property
     def swept(self) -> str:
@@ -95,6 +107,11 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     run = RunDir(run_dir)
     if cfg.trainer.resume == "auto" and run.ended() == "ok":
         return _keep(cfg, run, job, overrides)
+    signum = job.stopped_by() if job else None
+    if signum:  # the sweep was interrupted before this job started: it does not
+        run.write_status("interrupted", 128 + signum, f"not started: the sweep was interrupted by "
+                         f"{signal.Signals(signum).name}", job=job)
+        return 128 + signum
     if job:  # a job's start-up is timed from its own start (results.json: seconds_to_first_step)
         os.environ[STARTED] = str(time.time())
         # Before anything can interrupt it: a sweep's process that is killed before it records how its

@@ -256,7 +256,8 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
     """Start the tasks and supervise them until the run is over.
 
     Over when every main task has exited (ok), an essential task fails (its status), tasks are not
-    all up within startup_timeout seconds (1), or we are interrupted (128 + signal). `on_change(status)`
+    all up within startup_timeout seconds (1), or we are interrupted (128 + signal), here or, for a
+    sweep's job, in another job of the sweep (job.stopped_by). `on_change(status)`
     hears of every change of state ("running", then how the run ended). Whatever happens, no task
     outlives this call.
     """
@@ -265,6 +266,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
     seen, outcome = set(), Outcome(1, "failed")
     changed = on_change or (lambda status: None)
     try:
+        _check_stopped(job)
         first_error = FirstError()
         for task in tasks:  # a prefix tells apart the lines of several tasks, or of a sweep's jobs
             task.first_error = first_error
@@ -272,6 +274,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
             task.start(run, prefix=f"[{' '.join(names)}] " if names else None)
         changed("running")
         while True:
+            _check_stopped(job)
             ended = _ended(tasks, seen, run, restarts, changed)
             if ended is None and all(t.proc.poll() == 0 or (t.proc.poll() is not None and t.name in seen)
                                      for t in tasks if t.main):  # (a failure not yet acted on: not over)
@@ -289,6 +292,8 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
                 startup_timeout = None
             time.sleep(0.1)
     except Interrupted as exc:
+        if job:
+            job.say_stopped(exc.exit_code - 128)  # the sweep's other jobs stop too
         log.error("interrupted by %s: stopping %d task(s)", exc, len(tasks))
         outcome = Outcome(exc.exit_code, "interrupted", f"interrupted by {exc}")
         return outcome
@@ -302,6 +307,12 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
         changed(outcome.status)
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _check_stopped(job) -> None:
+    signum = job.stopped_by() if job else None
+    if signum:
+        raise Interrupted(signum)
 
 
 def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, changed) -> Outcome | None:

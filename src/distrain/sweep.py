@@ -6,6 +6,7 @@ status.json (how it ended) and results.json (what it measured). No TensorFlow he
 """
 import csv
 import io
+import signal
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -15,8 +16,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
 from .rundir import STATUS, RunDir
-from .storage import write_atomic
 from .errors import print_error
+from .storage import record, write_atomic
 
 MEASURES = [  # summary column <- results.json key
     ("strategy", "strategy"), ("model", "model"), ("params", "model_params"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
@@ -29,20 +30,60 @@ FORMATS = {"examples_per_sec": "{:,.0f}", "steps_per_sec": "{:.1f}", "speedup": 
            "test_accuracy": "{:.4f}", "test_loss": "{:.4f}", "train_seconds": "{:.1f}"}
 
 
+STOPPED = ".interrupted"  # in a sweep's directory: the signal that interrupted it, as its jobs say
+
+
+def stopped_by(sweep_dir: Path) -> int | None:
+    """The signal that interrupted the sweep in sweep_dir (its STOPPED file), or None."""
+    try:
+        return int((Path(sweep_dir) / STOPPED).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def say_stopped(sweep_dir: Path, signum: int) -> None:
+    """A job of the sweep was interrupted: the jobs not started yet, and those still running, stop too."""
+    if stopped_by(sweep_dir) is None:
+        record(write_atomic, Path(sweep_dir) / STOPPED, str(int(signum)))
+
+
+def runs_jobs_apart(launcher_config) -> bool:
+    """Whether this Hydra launcher runs the jobs in processes of their own on this machine, which share
+    the terminal (and so Ctrl-C) with the sweep's process: joblib's, and submitit's local one."""
+    target = str(launcher_config.get("_target_", ""))
+    return target.endswith(("JoblibLauncher", "submitit_launcher.LocalLauncher"))
+
+
 class SweepSummary(Callback):
-    """Hydra callback (conf/config.yaml): when a multirun ends, summarise it; exit non-zero if a job failed."""
+    """Hydra callback (conf/config.yaml): when a multirun ends, summarise it; exit non-zero if a job failed,
+    128 + the signal if the sweep was interrupted.
+
+    Where the jobs run in processes of their own (joblib, submitit_local), Ctrl-C is the jobs' business:
+    each stops its tasks (a checkpoint at the step under way), is recorded as interrupted and says so
+    (STOPPED), and the jobs not started yet do not start. This process, and the launcher's own (joblib's
+    workers between jobs, submitit's job controllers), ignore it: joblib would kill its workers mid-stop,
+    and the controllers would print tracebacks. Then the summary is written as for any sweep."""
     sweep_dir = None  # of the multirun under way in this process: cli.main marks its jobs if interrupted
 
     def on_multirun_start(self, config, **kwargs) -> None:
         SweepSummary.sweep_dir = Path(config.hydra.sweep.dir)
+        (SweepSummary.sweep_dir / STOPPED).unlink(missing_ok=True)  # a rerun sweep's, from its last run
+        if runs_jobs_apart(config.hydra.launcher):  # (the processes the launcher starts inherit it)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
         try:
-            summary = summarize(Path(config.hydra.sweep.dir))
+            summary = summarize(sweep_dir)
         except OSError as exc:  # (Hydra would only warn of it)
             print_error(f"the sweep's summary cannot be written ({exc.strerror}: {exc.filename}): "
                         f"free space, then `distrain summarize {config.hydra.sweep.dir}`")
             sys.exit(1)
+        signum = stopped_by(sweep_dir)
+        if signum:
+            print(f"interrupted by {signal.Signals(signum).name}: every job stopped, each recorded (rerun the "
+                  "same command with trainer.resume=auto to finish the sweep)", file=sys.stderr, flush=True)
+            sys.exit(128 + signum)
         if summary is not None and summary.failed:
             sys.exit(1)  # after the summary is written: the sweep as a whole did not succeed
 
