@@ -42,6 +42,7 @@ def fresh_collective_keys():
 # workers end about together.
 LONGEST_FIRST = ["test_resume",  # 115 s
                  "test_multiworker",  # 100 s
+                 "test_files",  # 75 s
                  "test_slurm",  # 70 s
                  "test_sweep",  # 65 s
                  "test_bad_input",  # 52 s

@@ -32,7 +32,7 @@ def test_strategy_group_has_the_contracted_names():
                                         "multi_worker_mirrored", "parameter_server"}
     assert set(options("cluster")) == {"local", "tf_config", "manual", "slurm"}
     assert set(options("model")) == {"cnn", "mlp"}
-    assert set(options("data")) == {"mnist", "fashion_mnist", "synthetic", "npz"}
+    assert set(options("data")) == {"mnist", "fashion_mnist", "synthetic", "npz", "tfrecord", "images"}
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -219,6 +219,10 @@ def main() -> None:
         from . import sweep
 
         sys.exit(sweep.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["write-tfrecords"]:
+        from . import tfrecords
+
+        sys.exit(tfrecords.main(sys.argv[2:]))
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
     # HYDRA_FULL_ERROR=1 gets the traceback instead.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"

@@ -169,9 +169,17 @@ def idx_file(path: Path, split: str, kind: str) -> Path:
     return hits[0]
 
 
-def check_files(data) -> None:
+FILE_SOURCES = ("tfrecord", "images")  # streamed from files (files.py, pipeline.FileReader), never loaded
+
+
+def check_files(data, seed: int = 0):
     """The data files are there and sound (else ConfigError): a run, or a cluster, finds out before it
-    starts. IDX files: the four are there; an .npz file: read and checked whole, as a task will."""
+    starts. IDX files: the four are there; an .npz file: read and checked whole, as a task will; TFRecord
+    files and image folders: scanned (files.FileData, returned)."""
+    if data.source in FILE_SOURCES:
+        from .files import scan
+
+        return scan(data, seed)
     if data.source == "idx":
         for split in ("train", "t10k"):
             for kind in ("images", "labels"):

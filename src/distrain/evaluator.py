@@ -6,19 +6,18 @@ import tensorflow as tf
 
 from .checkpoints import read_position
 from .model import compile_model
-from .pipeline import InputReader
 from .rundir import RunDir
-from .training import build, load_data, set_precision
+from .training import build, load_data, reader, set_precision, test_steps
 
 
 def evaluate_checkpoints(cfg, run: RunDir) -> dict:
     """Evaluate each checkpoint the chief writes, until the last epoch's, with the model and data the
     training builds."""
     t = cfg.trainer
-    data = load_data(cfg, tf.distribute.get_strategy())
+    data = load_data(cfg, tf.distribute.get_strategy(), run)
     model, optimizer, probabilities = build(cfg, data, set_precision(t))
     compile_model(model, optimizer, t, probabilities)
-    test_ds = InputReader(data.x_test, data.y_test, cfg, training=False)()
+    test_ds = reader(cfg, data, training=False)()
     directory = run.checkpoints
     print(f"evaluator: waiting for checkpoints in {directory}", flush=True)
     evaluations = []
@@ -33,7 +32,7 @@ def evaluate_checkpoints(cfg, run: RunDir) -> dict:
         position = read_position(path)
         if position is None:  # pruned before we got to it
             continue
-        loss, accuracy = model.evaluate(test_ds, verbose=0)
+        loss, accuracy = model.evaluate(test_ds, steps=test_steps(data, t.batch_size), verbose=0)
         epoch, step = position.epoch, position.step  # epochs finished, steps into the next
         evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "step": step, "loss": loss,
                             "accuracy": accuracy})

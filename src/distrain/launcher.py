@@ -133,17 +133,17 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
-        if on_this_machine:  # (a ps task elsewhere needs no data)
-            data.check_files(cfg.data)
+        found = data.check_files(cfg.data, cfg.trainer.seed) if on_this_machine else None  # (a ps task
+        # elsewhere needs no data; a task elsewhere scans its files itself)
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
         run = RunDir(run_dir, cfg)
-        _write_config(cfg, run)
+        _write_config(cfg, run, found)
         config = OmegaConf.to_container(cfg, resolve=True)
     except ConfigError as exc:
         print_error(str(exc))
         return _finish(Outcome(2, "failed", error_line(exc)), run, config, job)
-    log.info("data: %s from source %s (%s)", schema.label(cfg.data), source, why)
+    log.info("data: %s from source %s (%s)", schema.label(cfg.data), source, found.how if found else why)
     (logging.getLogger("distrain.config") if job else log).info(
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(run.config)]
@@ -279,11 +279,14 @@ def _keep(cfg, run: RunDir, job: Job | None, overrides) -> int:
     return 0
 
 
-def _write_config(cfg, run: RunDir) -> None:
+def _write_config(cfg, run: RunDir, found=None) -> None:
     """The resolved config, which every task reads (written whole, though every task of a real cluster
-    writes it); a full disk is a ConfigError saying so."""
+    writes it), and what was found of data in files (files.FileData), which the tasks stream without
+    scanning the files again; a full disk is a ConfigError saying so."""
     try:
         run.write_config(OmegaConf.to_yaml(cfg, resolve=True))
+        if found:
+            run.write_data(found.to_json())
     except OSError as exc:
         if not storage.is_full(exc):
             raise

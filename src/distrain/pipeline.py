@@ -49,6 +49,116 @@ class InputReader:
         return ds.rebatch(context.get_per_replica_batch_size(t.batch_size)) if replicas_here > 1 else ds
 
 
+class FileReader:
+    """Data in files (files.FileData: TFRecord shards, or image files with their class indices), streamed:
+    the files interleaved in parallel, records shuffled in a bounded buffer (data.shuffle_buffer),
+    decoded in parallel after that (so that skipping the batches a resumed run trained costs no
+    decoding), batched and prefetched. Same arguments and calls as InputReader.
+
+    Sharded as tf.distribute means it: each input pipeline (a multi_worker_mirrored worker, a
+    parameter-server worker) reads its own files where there are at least as many files as pipelines
+    (FILE), else its share of every file's records (DATA)."""
+
+    def __init__(self, found, cfg, *, training: bool = True, skip: int = 0, workers: int = 0):
+        self.found, self.cfg, self.training, self.skip, self.workers = found, cfg, training, skip, workers
+
+    def __call__(self, context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+        t, found = self.cfg.trainer, self.found
+        if not self.training:
+            ds = self._records(found.test_files, found.test_labels, shuffle=False)
+            return self._finish(ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE).batch(t.batch_size))
+        if self.workers:  # a parameter-server worker: its own share, a batch per step of its own
+            pipelines, index = self.workers, tf.distribute.coordinator.experimental_get_current_worker_index()
+            batch = context.get_per_replica_batch_size(t.batch_size)
+        else:
+            pipelines, index = (context.num_input_pipelines, context.input_pipeline_id) if context else (1, 0)
+            batch = t.batch_size // pipelines
+        files, labels = list(found.train_files), list(found.train_labels)
+        by_file = pipelines > 1 and len(files) >= pipelines
+        if by_file:  # (a tensor index under parameter servers: the same files are kept by a mask)
+            keep = [i % pipelines for i in range(len(files))]
+            ds = self._records(files, labels, shuffle=True, keep=(keep, index))
+        else:
+            ds = self._records(files, labels, shuffle=True)
+            if pipelines > 1:
+                ds = ds.shard(pipelines, index)
+        cache = self.cfg.data.get("cache")
+        if cache:  # decoded once, the first epoch; then read from the cache
+            ds = ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE).cache("" if cache == "memory" else cache)
+        ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True).repeat()
+        if self.skip:  # a resumed run: the batches already trained, passed over as records
+            ds = ds.skip(self.skip * batch)
+        if not cache:
+            ds = ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.batch(batch, drop_remainder=True)
+        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines if context else 1
+        if replicas_here > 1 and not self.workers:
+            ds = ds.rebatch(context.get_per_replica_batch_size(t.batch_size))
+        return self._finish(ds)
+
+    def sharding(self, pipelines: int) -> str:
+        """How `pipelines` input pipelines share the training files, in one line."""
+        files = len(self.found.train_files)
+        return f"input: {pipelines} pipelines (one per worker), sharded by " + (
+            f"FILE: each reads {files // pipelines}{'' if files % pipelines == 0 else f' or {files // pipelines + 1}'} "
+            f"of the {files} training files"
+            if files >= pipelines else f"DATA: each reads all {files} training file(s) and keeps 1 record in "
+            f"{pipelines} (fewer files than workers; as many files as workers would spare the reading)")
+
+    def _records(self, files: list, labels: list, shuffle: bool, keep=None) -> tf.data.Dataset:
+        """TFRecord files: their serialized records, interleaved; image files: (path, label) pairs.
+        shuffle: the files in a new seeded order each pass. keep: (pipeline of each file, this one)."""
+        seed = self.cfg.trainer.seed
+        if self.found.kind == "images":
+            ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(labels, tf.int32)))
+            if keep is not None:
+                ds = ds.enumerate().filter(lambda i, pair: tf.gather(keep[0], i) == tf.cast(keep[1], tf.int32))
+                ds = ds.map(lambda i, pair: pair)
+            return ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if shuffle else ds
+        ds = tf.data.Dataset.from_tensor_slices(files)
+        if keep is not None:
+            ds = ds.enumerate().filter(lambda i, f: tf.gather(keep[0], i) == tf.cast(keep[1], tf.int32))
+            ds = ds.map(lambda i, f: f)
+        if shuffle:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        return ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8), block_length=1,
+                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def _decode(self, *record):
+        """One example: pixels scaled to [0, 1], in the shape data.json holds (resized if data.image_size);
+        its label."""
+        data, (height, width, channels) = self.cfg.data, self.found.shape
+        if self.found.kind == "images":
+            path, label = record
+            raw = tf.io.read_file(path)
+        else:
+            parsed = tf.io.parse_single_example(record[0], {data.image_key: tf.io.FixedLenFeature([], tf.string),
+                                                            data.label_key: tf.io.FixedLenFeature([], tf.int64)})
+            raw, label = parsed[data.image_key], tf.cast(parsed[data.label_key], tf.int32)
+        if self.found.encoded:
+            image = tf.io.decode_image(raw, channels=channels, expand_animations=False)
+        else:
+            image = tf.reshape(tf.io.decode_raw(raw, tf.uint8), [height, width, channels])
+        if data.get("image_size"):
+            image = tf.image.resize(image, [height, width])  # bilinear, as Keras's image_dataset_from_directory
+        image = tf.ensure_shape(tf.cast(image, tf.float32) / 255.0, [height, width, channels])
+        return image, label
+
+    def _finish(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        options = tf.data.Options()
+        options.deterministic = True  # (the same batches on every run: exact resume)
+        # Sharded here already (training), or evaluated whole: tf.distribute must not shard again by FILE.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA if \
+            not self.training else tf.data.experimental.AutoShardPolicy.OFF
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+    def sample(self, n: int = 2):
+        """A few decoded test images, as a numpy array (what check_model runs the model on)."""
+        ds = self._records(self.found.test_files[:1] if self.found.kind == "tfrecord" else self.found.test_files[:n],
+                           self.found.test_labels[:n], shuffle=False)
+        return next(iter(ds.map(self._decode).batch(n)))[0].numpy()
+
+
 OTHER_DATA = "holds other data than the coordinator read"
 HASH_BUCKETS = 2 ** 62  # tf.strings.to_hash_bucket_fast: the file's 64-bit fingerprint, in range
 

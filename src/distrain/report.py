@@ -17,14 +17,16 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "epochs": t.epochs, "global_batch_size": t.batch_size,
              "per_replica_batch_size": f["per_replica_batch_size"], "steps_per_execution": f["steps_per_execution"],
              "precision_policy": f["precision_policy"], "onednn": f["onednn"], "jit_compile": t.jit_compile,
-             "data": schema.label(cfg.data), "data_source": cfg.data.source, "train_examples": len(data.y_train),
-             "test_examples": len(data.y_test), "train_seconds": sum(seconds),
+             "data": schema.label(cfg.data), "data_source": cfg.data.source, "train_examples": data.train_examples,
+             "test_examples": data.test_examples, "train_seconds": sum(seconds),
              "seconds_to_first_step": f["seconds_to_first_step"], "epoch_seconds": seconds,
              "examples_per_sec": throughput(data.steps * t.batch_size, seconds),
              "steps_per_sec": throughput(data.steps, seconds), "global_steps": f["global_steps"],
              "resumed_from_step": progress.resumed_from_step, "restarts": progress.restarts,
              "test_accuracy": float(test[1]), "test_loss": float(test[0]), "final_train_loss": history["loss"][-1],
              "history": history, "seed": t.seed}
+    if getattr(data, "class_names", None):  # an image folder's: what each output means
+        found["class_names"] = data.class_names
     return {**found, **facts}  # and the facts not named above: tensorflow_version, worker_steps
 
 

@@ -5,6 +5,7 @@
     results.json    what the run measured                       (the chief; the launcher adds its restarts)
     cluster.json    a local cluster's tasks                     (the launcher)
     evaluation.json the evaluator task's evaluations            (the evaluator)
+    data.json       data in files: the files, their examples and classes (the launcher)
     logs/           a log per task
     checkpoints/    or trainer.checkpoint_dir                   (the chief)
     saved_model/, tensorboard/
@@ -18,8 +19,8 @@ import yaml
 
 from . import storage
 
-CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION = "config.yaml", "status.json", "results.json", "cluster.json", \
-    "evaluation.json"
+CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION, DATA = "config.yaml", "status.json", "results.json", "cluster.json", \
+    "evaluation.json", "data.json"
 
 
 def write_json(path: Path, content: dict) -> Path:
@@ -55,6 +56,7 @@ class RunDir:
     results = property(lambda self: self.path / RESULTS)
     cluster = property(lambda self: self.path / CLUSTER)
     evaluation = property(lambda self: self.path / EVALUATION)
+    data = property(lambda self: self.path / DATA)  # data in files: what the launcher found (files.FileData)
     logs = property(lambda self: self.path / "logs")  # a log per task, and the fork server's
     saved_model = property(lambda self: self.path / "saved_model")
     tensorboard = property(lambda self: self.path / "tensorboard")  # the HParams session; train/: the scalars
@@ -139,6 +141,12 @@ class RunDir:
 
     def write_cluster(self, state: dict) -> None:
         storage.record(write_json, self.cluster, state)
+
+    def write_data(self, found: dict) -> Path:
+        return write_json(self.data, found)
+
+    def read_data(self) -> dict | None:
+        return read_json(self.data)
 
     def write_evaluation(self, evaluations: dict) -> Path:
         return write_json(self.evaluation, evaluations)

@@ -64,6 +64,8 @@ class DataSource(StrEnum):  # str() and f-strings give the name
     idx = "idx"
     npz = "npz"
     synthetic = "synthetic"
+    tfrecord = "tfrecord"
+    images = "images"
 
 
 class StrategyName(StrEnum):  # the strategy group's options; compare names with these, not with strings
@@ -91,6 +93,8 @@ class Communication(StrEnum):  # str() and f-strings give the name
 class Trainer:
     epochs: int = key(12, "passes over the training data", POSITIVE)
     batch_size: int = key(128, "GLOBAL batch: each of N replicas gets batch_size / N", POSITIVE)
+    steps_per_epoch: Optional[int] = key(None, "global steps an epoch (null: one pass over the training data); "
+                                         "for data larger than a pass should take", POSITIVE, example=1000)
     learning_rate: float = key(0.002, "the optimizer's learning rate", FINITE_POSITIVE)
     seed: int = key(42, "seed of weights, shuffling and dropout", SEED)
     steps_per_execution: int = key(8, "training steps per tf.function call (parameter servers: per scheduled "
@@ -189,6 +193,47 @@ class Npz(Data):
                     "Keras's mnist.npz")
     source: DataSource = key(DataSource.npz, "npz")
     path: Optional[str] = key(None, "the .npz file", example="mydata.npz")
+
+
+IMAGE_SIZE = key(None, "[H, W]: images of another size are resized to it, as Keras does (null: every image must "
+                "be the size of the first)", Check(lambda v: len(v) == 2 and all(0 < x <= 65536 for x in v),
+                                                    "must be [H, W], two positive sizes"), example=[28, 28])
+CHANNELS = key(None, "1 (grey) or 3 (RGB): images are decoded to it (null: what the first image has)",
+               one_of(1, 3), example=1)
+CACHE = key(None, "null: stream the files every epoch; memory: keep the decoded examples in memory after the "
+            "first epoch; or a directory for a cache on disk")
+
+
+@dataclass
+class TFRecord(Data):
+    name: str = key("tfrecord", "your own TFRecord shards of tf.train.Example records: an encoded image (PNG, JPEG) "
+                    "or raw uint8 pixels, and an int64 label")
+    source: DataSource = key(DataSource.tfrecord, "tfrecord")
+    train_files: Any = key(None, "glob pattern, or list of patterns, of the training TFRecord files (every task "
+                           "reads them at the same path)", example="'data/train-*.tfrecord'")
+    test_files: Any = key(None, "glob pattern, or list of patterns, of the test TFRecord files",
+                          example="'data/test-*.tfrecord'")
+    image_key: str = key("image/encoded", "the records' image feature (bytes)")
+    label_key: str = key("image/class/label", "the records' label feature (int64)")
+    image_size: Optional[List[int]] = IMAGE_SIZE
+    channels: Optional[int] = CHANNELS
+    num_classes: Optional[int] = key(None, "classes (null: one more than the largest label, read in one pass over "
+                                     "the records before training)", POSITIVE, example=10)
+    cache: Optional[str] = CACHE
+
+
+@dataclass
+class Images(Data):
+    name: str = key("images", "your own folder of images: path/train/<class>/*, path/test/<class>/* (PNG, JPEG, BMP, "
+                    "GIF), classes in sorted folder order as Keras's image_dataset_from_directory reads them")
+    source: DataSource = key(DataSource.images, "images")
+    path: Optional[str] = key(None, "the folder holding train/ (and test/)", example="data/flowers")
+    validation_split: float = key(0.0, "where there is no test/: the fraction of train/ held out for testing, "
+                                  "seeded", FRACTION, example=0.2)
+    image_size: Optional[List[int]] = IMAGE_SIZE
+    channels: Optional[int] = CHANNELS
+    num_classes: Optional[int] = key(None, "classes (null: the number of class folders)", POSITIVE, example=10)
+    cache: Optional[str] = CACHE
 
 
 @dataclass
@@ -320,7 +365,8 @@ SCHEMAS = {
                  "central_storage": CentralStorage, "multi_worker_mirrored": MultiWorkerMirrored,
                  "parameter_server": ParameterServer},
     "model": {"cnn": Cnn, "mlp": Mlp},
-    "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic, "npz": Npz},
+    "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic, "npz": Npz, "tfrecord": TFRecord,
+             "images": Images},
     "trainer": {"default": Trainer},
     "cluster": {"local": Local, "tf_config": TfConfig, "manual": Manual, "slurm": Slurm},
 }

@@ -11,14 +11,15 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from . import cpu, report
+from . import cpu, files, report, storage
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, resume, segments
 from .config import check_batch_divides
 from .context import RunContext
 from .errors import ConfigError, Diverged
 from .model import Crossentropy, build_model, check_model, compile_model, hits, make_optimizer
-from .pipeline import InputReader, train_file_hashes
+from .files import FileData
+from .pipeline import FileReader, InputReader, train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .rundir import RunDir
 from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps, means
@@ -49,9 +50,37 @@ class Arrays(NamedTuple):
     classes: int
     steps: int  # global steps an epoch
 
-    @property
-    def shape(self) -> tuple:
-        return self.x_train.shape[1:]
+    shape = property(lambda self: self.x_train.shape[1:])
+    train_examples = property(lambda self: len(self.y_train))
+    test_examples = property(lambda self: len(self.y_test))
+    sample = property(lambda self: self.x_train[:2])  # what check_model runs the model on
+    class_names = None
+
+
+class Files(NamedTuple):
+    """Data in files (files.FileData), streamed, with the global steps of an epoch and two decoded images."""
+    found: FileData
+    steps: int
+    sample: np.ndarray
+
+    shape = property(lambda self: tuple(self.found.shape))
+    classes = property(lambda self: self.found.num_classes)
+    train_examples = property(lambda self: self.found.train_examples)
+    test_examples = property(lambda self: self.found.test_examples)
+    class_names = property(lambda self: self.found.class_names)
+
+
+def test_steps(data, batch_size: int) -> int | None:
+    """Batches of the test split, for Keras's evaluate, which cannot count a stream's (None: arrays)."""
+    return -(-data.test_examples // batch_size) if isinstance(data, Files) else None
+
+
+def reader(cfg, data, training: bool = True, **kwargs):
+    """The input reader of this data (pipeline.py): of the training split, else of the test split."""
+    if isinstance(data, Files):
+        return FileReader(data.found, cfg, training=training, **kwargs)
+    x, y = (data.x_train, data.y_train) if training else (data.x_test, data.y_test)
+    return InputReader(x, y, cfg, training=training, **kwargs)
 
 
 def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
@@ -72,7 +101,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     t, chief, run = cfg.trainer, context.chief, context.run
     policy = set_precision(t, announce=bool(t.verbose) and chief)
     keras.utils.set_random_seed(t.seed)
-    data = load_data(cfg, strategy)
+    data = load_data(cfg, strategy, run)
     with strategy.scope():
         model, optimizer, probabilities = build(cfg, data, policy)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
@@ -86,32 +115,41 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard / "train" if t.tensorboard is True else None)
     model, optimizer = runner.finish(model, rebuild=lambda: build(cfg, data, policy)[:2])
     compile_model(model, optimizer, t, probabilities)  # for evaluate(), and so that the SavedModel can train on
-    test = model.evaluate(InputReader(data.x_test, data.y_test, cfg, training=False)(), verbose=0)
+    test = model.evaluate(reader(cfg, data, training=False)(), steps=test_steps(data, t.batch_size), verbose=0)
     if t.save_model:
-        save_model(model, out.saved_model)
+        save_model(model, out.saved_model, data.class_names)
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
     return report.results(cfg, data, progress, test, runner.describe(t.batch_size) | about(model, probabilities, policy)), \
         model
 
 
-def load_data(cfg, strategy) -> Arrays:
-    """The training and test arrays, checked against the batch and the replicas."""
+def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
+    """The training and test arrays, or what the data files hold (as the launcher found them, in the
+    run's data.json, else scanned here), checked against the batch and the replicas."""
     t = cfg.trainer
     if not isinstance(strategy, tf.distribute.ParameterServerStrategy):  # (there: a batch per worker's step)
         check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
-    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
-    steps = len(y_train) // t.batch_size
+    if cfg.data.source in data_lib.FILE_SOURCES:
+        content = run.read_data() if run else None
+        found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
+        examples = found.train_examples
+    else:
+        (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+        examples = len(y_train)
+    steps = t.get("steps_per_epoch") or examples // t.batch_size
     if steps == 0:
-        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {len(y_train)} training "
-                          f"examples: set trainer.batch_size={len(y_train)} or less")
+        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {examples} training "
+                          f"examples: set trainer.batch_size={examples} or less, or trainer.steps_per_epoch")
+    if cfg.data.source in data_lib.FILE_SOURCES:
+        return Files(found, steps, FileReader(found, cfg).sample())
     return Arrays(x_train, y_train, x_test, y_test, data_lib.num_classes(cfg.data, (y_train, y_test)), steps)
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
     """(model, optimizer, whether the model outputs probabilities), built in the current strategy's scope."""
     model = build_model(cfg.model, data.shape, data.classes)
-    probabilities = check_model(model, data.x_train, data.classes)  # (builds a subclassed model's variables)
+    probabilities = check_model(model, data.sample, data.classes)  # (builds a subclassed model's variables)
     optimizer = make_optimizer(cfg.optimizer, cfg.trainer.learning_rate, policy)
     optimizer.build(model.trainable_variables)
     return model, optimizer, probabilities
@@ -138,30 +176,39 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     else:
         # Resumed, the data goes on from the batch after the last one trained: the batches an
         # uninterrupted run would have seen.
-        reader = InputReader(data.x_train, data.y_train, cfg, skip=progress.epoch * data.steps + progress.step)
-        runner = SyncEpochs(strategy, train_steps, strategy.distribute_datasets_from_function(reader), optimizer,
+        train = reader(cfg, data, skip=progress.epoch * data.steps + progress.step)
+        if isinstance(data, Files) and context.workers > 1 and context.chief:
+            print(train.sharding(context.workers), flush=True)
+        runner = SyncEpochs(strategy, train_steps, strategy.distribute_datasets_from_function(train), optimizer,
                             names, t.steps_per_execution, progress=t.verbose == 1, workers=context.workers)
     if t.verbose:
         print(f"{data.steps} steps per epoch, up to {runner.per_call} per tf.function call", flush=True)
     return runner
 
 
-def per_worker_dataset(strategy, context: RunContext, data: Arrays, cfg):
+def per_worker_dataset(strategy, context: RunContext, data: Arrays | Files, cfg):
     """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated,
     from files where the data is in files (on a local cluster, other data is written to files once)."""
+    if isinstance(data, Files):  # each worker streams its own files, on its own machine
+        train = reader(cfg, data, workers=context.workers)
+        print(train.sharding(context.workers), flush=True)
+        return lambda: strategy.distribute_datasets_from_function(train)
     source = cfg.data
     if source.source != "idx" and data_lib.on_this_machine(context.cluster):
         source = data_lib.TemporaryIdx(data.x_train, data.y_train)  # a local cluster: its workers read the same disk
-    reader = InputReader(data.x_train, data.y_train, cfg, workers=context.workers, files=source,
-                         expect=train_file_hashes(source))  # of the coordinator's copy, for the workers'
-    return lambda: strategy.distribute_datasets_from_function(reader)
+    train = reader(cfg, data, workers=context.workers, files=source,
+                   expect=train_file_hashes(source))  # of the coordinator's copy, for the workers'
+    return lambda: strategy.distribute_datasets_from_function(train)
 
 
-def save_model(model, path: Path) -> None:
-    """The trained model as a SavedModel. One that cannot be saved so (some subclassed models) is a
-    warning: the run's training is done, and its checkpoints hold the weights."""
+def save_model(model, path: Path, class_names=None) -> None:
+    """The trained model as a SavedModel, with class_names.txt beside it where the data names its classes
+    (an image folder's), one per line in the order of the outputs. One that cannot be saved so (some
+    subclassed models) is a warning: the run's training is done, and its checkpoints hold the weights."""
     try:
         model.save(str(path))
+        if class_names:
+            storage.write_atomic(path / "class_names.txt", "\n".join(class_names) + "\n")
     except Exception as exc:  # noqa: BLE001 - whatever Keras cannot serialise
         print(f"warning: the model could not be saved as a SavedModel in {path} ({type(exc).__name__}: "
               f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); its checkpoints hold the trained weights",

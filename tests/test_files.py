@@ -1,0 +1,273 @@
+"""Data in files: TFRecord shards and image folders, made here from the bundled digits, scanned without
+TensorFlow, streamed, sharded per worker, trained under every kind of strategy, resumed exactly, and
+every bad input one line."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from distrain import data, files
+from distrain.errors import ConfigError
+from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, in_process, make_cfg, run_cli
+
+QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.batch_size=64", "trainer.verbose=2"]
+
+
+def digits(n: int, seed: int = 0):
+    (x, y), _ = data.load(make_cfg("data.source=bundled").data, seed)
+    return x[:n], y[:n]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """960 training digits in 4 shards, 320 test digits in 2 (written by distrain's own writer)."""
+    from distrain import tfrecords
+
+    out = tmp_path_factory.mktemp("shards")
+    x, y = digits(1280)
+    tfrecords.write(x[:960], y[:960], out, "train", 4)
+    tfrecords.write(x[960:], y[960:], out, "test", 2)
+    return out
+
+
+def tfrecord(shards, *more):
+    return ["data=tfrecord", f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*", *more]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An image folder of 600 digits: train/ and test/ by class, grey and RGB PNGs, a fifth of them 32x32."""
+    root = tmp_path_factory.mktemp("folder")
+    x, y = digits(600, seed=1)
+    for i in range(600):
+        image = Image.fromarray(x[i, ..., 0])
+        image = image.convert("RGB") if i % 3 == 0 else image
+        image = image.resize((32, 32)) if i % 5 == 0 else image
+        path = root / ("train" if i < 480 else "test") / f"digit-{y[i]}" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path)
+    return root
+
+
+# ---- the scan, without TensorFlow ---------------------------------------------------------------------
+
+def test_the_scan_counts_records_from_their_headers_and_finds_the_classes(shards, folder):
+    found = files.scan(make_cfg(*tfrecord(shards)).data, seed=42)
+    assert (found.train_examples, found.test_examples, found.num_classes) == (960, 320, 10)
+    assert found.shape == [28, 28, 1] and found.encoded and len(found.train_files) == 4
+    assert "counted from the record headers" in found.how and "one pass over every record" in found.how
+    given = files.scan(make_cfg(*tfrecord(shards, "data.num_classes=12")).data, seed=42)
+    assert given.num_classes == 12 and "one pass" not in given.how  # the control: no pass when given
+    images = files.scan(make_cfg("data=images", f"data.path={folder}", "data.image_size=[28,28]").data, seed=42)
+    assert (images.train_examples, images.test_examples, images.num_classes) == (480, 120, 10)
+    assert images.class_names == [f"digit-{d}" for d in range(10)]
+    assert images.train_labels[:1] == [0] and images.train_labels[-1:] == [9]
+
+
+def test_validation_split_holds_out_a_seeded_fraction_of_each_class(folder, tmp_path):
+    only_train = tmp_path / "only_train"
+    only_train.mkdir()
+    (only_train / "train").symlink_to(folder / "train", target_is_directory=True)
+    cfg = make_cfg("data=images", f"data.path={only_train}", "data.image_size=[28,28]", "data.validation_split=0.25")
+    a, b = files.scan(cfg.data, seed=1), files.scan(cfg.data, seed=1)
+    assert a.test_files == b.test_files and not set(a.test_files) & set(a.train_files)
+    assert a.train_examples + a.test_examples == 480 and 100 <= a.test_examples <= 140
+    assert files.scan(cfg.data, seed=2).test_files != a.test_files  # the control: another seed, another split
+
+
+# ---- the pipeline -------------------------------------------------------------------------------------
+
+def test_each_pipeline_reads_only_its_own_files(tmp_path):
+    """Shard k holds label k alone: a worker's batches show which files it read. FILE sharding with as
+    many files as pipelines; DATA sharding (every file, a share of its records) with fewer."""
+    import tensorflow as tf
+
+    from distrain import pipeline, tfrecords
+
+    x, _ = digits(400)
+    for k in range(4):
+        tfrecords.write(x[k * 100:(k + 1) * 100], np.full(100, k), tmp_path / f"f{k}", "train", 1)
+    cfg = make_cfg("data=tfrecord", f"data.train_files={tmp_path}/f*/train-*", f"data.test_files={tmp_path}/f0/*",
+                   "trainer.batch_size=40", "data.num_classes=4")
+    found = files.scan(cfg.data, seed=42)
+
+    def labels(pipelines: int, index: int) -> set:
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=index,
+                                             num_replicas_in_sync=pipelines)
+        ds = pipeline.FileReader(found, cfg)(context)
+        return set(np.concatenate([y.numpy() for _, y in ds.take(10)]).tolist())
+
+    assert labels(2, 0) == {0, 2} and labels(2, 1) == {1, 3}  # FILE: files 0, 2 and 1, 3
+    assert labels(1, 0) == {0, 1, 2, 3}  # the control: one pipeline reads them all
+    reader = pipeline.FileReader(found, cfg)
+    assert "sharded by FILE: each reads 2 of the 4" in reader.sharding(2)
+    assert "sharded by DATA" in reader.sharding(5) and labels(5, 4) == {0, 1, 2, 3}  # 5 pipelines, 4 files
+
+
+@pytest.mark.slow
+def test_a_resumed_run_on_files_ends_as_one_never_stopped(shards, tmp_path, monkeypatch):
+    """In-process (the loop every single-process strategy shares): killed mid-epoch, resumed from the
+    checkpoint, the batches after it are the ones an uninterrupted run takes (skipped as records)."""
+    from test_resume import Crash, crash_after
+
+    from distrain.training import train
+
+    config = tfrecord(shards, "data.num_classes=10", "model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1",
+                      "trainer.batch_size=64", "trainer.epochs=2", "trainer.verbose=0",
+                      "trainer.checkpoint_every_steps=5")  # 960 // 64 = 15 steps an epoch
+    results, whole = train(make_cfg(*config), tmp_path / "whole")
+    assert results["train_examples"] == 960 and results["global_steps"] == 30
+    crash_after(monkeypatch, 22)
+    with pytest.raises(Crash):
+        train(make_cfg(*config), tmp_path / "stopped")
+    monkeypatch.undo()
+    results, resumed = train(make_cfg(*config, "trainer.resume=true"), tmp_path / "stopped")
+    assert results["resumed_from_step"] == 20 and results["global_steps"] == 30
+    for a, b in zip(whole.get_weights(), resumed.get_weights()):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    _, other = train(make_cfg(*config, "trainer.seed=7"), tmp_path / "other")  # the control
+    assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3
+
+
+# ---- training, as a user runs it ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_tfrecord_shards_train_under_mirrored_with_a_set_number_of_steps(shards, tmp_path):
+    """In-process, on 2 virtual CPUs: every strategy in one process reads through the same reader."""
+    from distrain.training import train
+
+    results, _ = train(make_cfg(*tfrecord(shards, "strategy=mirrored", "strategy.cpu_virtual_devices=2", *QUICK,
+                                          "trainer.epochs=3", "trainer.steps_per_epoch=10", "trainer.verbose=0",
+                                          "trainer.save_model=false")), tmp_path / "run")
+    assert results["num_replicas"] == 2 and results["global_steps"] == 30 and results["test_examples"] == 320
+    assert results["test_accuracy"] > 0.7, results["history"]
+
+
+@pytest.mark.slow
+def test_an_image_folder_trains_and_its_class_names_go_with_the_model(folder, tmp_path):
+    out = run_cli(tmp_path / "run", "data=images", f"data.path={folder}", "data.image_size=[28,28]",
+                  "data.channels=1", *QUICK, "trainer.epochs=4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["class_names"] == [f"digit-{d}" for d in range(10)] and results["input_shape"] == [28, 28, 1]
+    assert results["test_accuracy"] > 0.6, results["history"]
+    names = (tmp_path / "run" / "saved_model" / "class_names.txt").read_text().split()
+    assert names == results["class_names"]
+    assert "10 class folders, 480 training and 120 test image(s)" in out.stderr + out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_tfrecord_shards_train_on_a_local_cluster_each_worker_its_files(shards, tmp_path, strategy):
+    out = run_cli(tmp_path / "run", *tfrecord(shards, "data.num_classes=10"), f"strategy={strategy}",
+                  "cluster.workers=2", *(["cluster.ps=1"] if strategy == "parameter_server" else []), *QUICK,
+                  "trainer.epochs=4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "input: 2 pipelines (one per worker), sharded by FILE: each reads 2 of the 4 training files" in out.stdout
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["num_workers"] == 2 and results["data_source"] == "tfrecord"
+    assert results["test_accuracy"] > 0.7, results["history"]
+    assert_nothing_left(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_write_tfrecords_turns_an_array_source_into_shards_that_train(tmp_path):
+    out = subprocess.run([sys.executable, str(TRAIN_PY), "write-tfrecords", "data=synthetic",
+                          "data.train_examples=300", "data.test_examples=100", f"out={tmp_path / 'shards'}", "shards=3"],
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == \
+        [f"test-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
+    found = files.scan(make_cfg(*tfrecord(tmp_path / "shards")).data, seed=0)
+    assert (found.train_examples, found.test_examples, found.num_classes) == (300, 100, 10)
+
+
+# ---- bad input: one line, before any task starts ------------------------------------------------------
+
+def _record_file(path: Path, features: dict) -> Path:
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+    return path
+
+
+@pytest.fixture
+def bad(tmp_path, shards, folder):
+    """Named bad inputs: the overrides, and the line they must give."""
+    import tensorflow as tf
+
+    not_tfrecord = tmp_path / "text.tfrecord"
+    not_tfrecord.write_text("hello, not records\n" * 10)
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes((shards / "train-00000-of-00004.tfrecord").read_bytes()[:5000])
+    other_keys = _record_file(tmp_path / "keys.tfrecord", {
+        "img": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\x89PNG"])),
+        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})
+    raw = _record_file(tmp_path / "raw.tfrecord", {
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(784)])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})
+    no_classes = tmp_path / "no_classes"
+    (no_classes / "train").mkdir(parents=True)
+    empty_class = tmp_path / "empty_class"
+    (empty_class / "train" / "cat").mkdir(parents=True)
+    differ = tmp_path / "differ"
+    differ.mkdir()
+    (differ / "train").symlink_to(folder / "train", target_is_directory=True)
+    (differ / "test" / "dog").mkdir(parents=True)
+    Image.new("L", (28, 28)).save(differ / "test" / "dog" / "a.png")
+    test = f"data.test_files={shards}/test-*"
+    return {
+        "no match": (["data=tfrecord", f"data.train_files={tmp_path}/nothing-*", test],
+                     f"error: data.train_files: no file matches {tmp_path}/nothing-* (from "),
+        "not a tfrecord": (["data=tfrecord", f"data.train_files={not_tfrecord}", test],
+                           f"error: {not_tfrecord} is not a TFRecord file, or is cut short (a record of "),
+        "cut short": (["data=tfrecord", f"data.train_files={cut}", test],
+                      f"error: {cut} is not a TFRecord file, or is cut short ("),
+        "other keys": (["data=tfrecord", f"data.train_files={other_keys}", test],
+                       f"error: the first record of {other_keys} has no bytes feature image/encoded (it has img "
+                       "(bytes), y (int64)): set data.image_key to the key your records use"),
+        "raw, no size": (["data=tfrecord", f"data.train_files={raw}", test],
+                         f"error: the first record of {raw}: image/encoded is not a PNG, JPEG, GIF or BMP image (784 "
+                         "bytes): for raw uint8 pixels set data.image_size=[H,W] and data.channels"),
+        "no class folders": (["data=images", f"data.path={no_classes}"],
+                             f"error: {no_classes / 'train'} has no class folders: lay the images out as "),
+        "empty class": (["data=images", f"data.path={empty_class}"],
+                        f"error: class folder {empty_class / 'train' / 'cat'} holds no image (.png, "),
+        "test classes differ": (["data=images", f"data.path={differ}", "data.image_size=[28,28]"],
+                                f"error: the class folders of {differ / 'test'} (dog) differ from those of "),
+        "sizes differ": (["data=images", f"data.path={folder}"], "error: images differ in size ("),
+        "no test split": (["data=images", f"data.path={differ / 'train'}"], f"error: {differ / 'train'} has no train/"),
+    }
+
+
+CASES = ["no match", "not a tfrecord", "cut short", "other keys", "raw, no size", "no class folders", "empty class",
+         "test classes differ", "sizes differ", "no test split"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_data_files_are_one_line_before_anything_starts(bad, case, tmp_path, monkeypatch, capfd):
+    overrides, line = bad[case]
+    code, out, err = in_process(tmp_path, monkeypatch, capfd, [f"hydra.run.dir={tmp_path / 'run'}", *overrides])
+    assert code == 2 and err.startswith(line) and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in out + err and not (tmp_path / "run" / "logs").exists()  # no task started
+
+
+def test_raw_pixels_with_their_size_given_are_read(tmp_path):
+    """The control of "raw, no size": the same record with data.image_size and data.channels scans."""
+    import tensorflow as tf
+
+    raw = _record_file(tmp_path / "raw.tfrecord", {
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(784)])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})
+    cfg = make_cfg("data=tfrecord", f"data.train_files={raw}", f"data.test_files={raw}", "data.image_size=[28,28]",
+                   "data.channels=1")
+    found = files.scan(cfg.data, seed=0)
+    assert not found.encoded and found.shape == [28, 28, 1] and found.num_classes == 2
+    with pytest.raises(ConfigError, match="holds 784 raw bytes, not H x W x C = 2352"):
+        files.scan(make_cfg("data=tfrecord", f"data.train_files={raw}", f"data.test_files={raw}",
+                            "data.image_size=[28,28]", "data.channels=3").data, seed=0)
