@@ -1,6 +1,6 @@
 """The benchmark suite: distrain against plain Keras and against its own settings, measured side by side.
 
-    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,cpu,threads,pipeline,startup,accuracy,scaling,ps_data]
+    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,cpu,threads,pipeline,startup,accuracy,scaling,ps_data,files]
 
 Never timed tests: this prints ratios measured in one run. Each round runs every configuration of a
 section back to back, in alternating order (A B, then B A), so drift on a shared machine hits both
@@ -33,7 +33,8 @@ QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
 # Where distrain is compared with plain Keras for its own cost, both run oneDNN's kernels (the cpu
 # section compares each out of the box).
 ONEDNN, PLAIN_ONEDNN = "trainer.onednn=true", {"TF_ENABLE_ONEDNN_OPTS": "1"}
-SECTIONS = ("overhead", "settings", "cpu", "threads", "pipeline", "startup", "accuracy", "scaling", "ps_data")
+SECTIONS = ("overhead", "settings", "cpu", "threads", "pipeline", "startup", "accuracy", "scaling", "ps_data",
+            "files")
 
 
 class Failed(Exception):
@@ -327,6 +328,89 @@ def ps_data(b: Bench) -> None:
                  for r in runs]
         b.row("ps_data", f"{label}: seconds to the first step", [r["seconds_to_first_step"] for r in runs], " s")
         b.row("ps_data", f"{label}: a worker's peak memory", peaks, " MiB")
+
+
+def peak_memory(proc, run_dir: Path) -> None:
+    """Watches a run for the peak resident memory (VmHWM) of each of its processes' descendants (the
+    training task), written to <run_dir>/peak_kb.json when it ends."""
+    import threading
+
+    def descendants(root: int) -> list:
+        children, found = {}, []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+                children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+            except (OSError, ValueError, IndexError):
+                pass
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += children.get(pid, [])
+        return found[1:]
+
+    def poll():
+        peak = {}
+        while proc.poll() is None:
+            for pid in descendants(proc.pid):
+                try:
+                    kb = int(re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
+                    peak[str(pid)] = max(peak.get(str(pid), 0), kb)
+                except (OSError, AttributeError):
+                    pass
+            time.sleep(0.2)
+        (run_dir / "peak_kb.json").write_text(json.dumps(peak))
+
+    threading.Thread(target=poll, daemon=True).start()
+
+
+def files(b: Bench) -> None:
+    """Data in files: TFRecord shards and an image folder against the same digits in memory (throughput),
+    and a task's peak memory and first step with 64,000 records against 1.2 million."""
+    out = b.workdir / "shards"
+    b._run([sys.executable, str(TRAIN), "write-tfrecords", "data.source=bundled", f"out={out}", "shards=8"])
+    folder = b.workdir / "folder"
+    sys.path.insert(0, str(HERE.parent / "src"))
+    import numpy as np
+    from PIL import Image
+
+    with np.load(HERE.parent / "src" / "distrain" / "data" / "mnist-10k.npz") as f:
+        images, labels = f["images"], f["labels"]
+    order = np.random.default_rng(42).permutation(len(labels))  # as data.source=bundled splits them
+    for n, i in enumerate(order):
+        path = folder / ("train" if n < 8000 else "test") / f"{labels[i]}" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(images[i]).save(path)
+    e = f"trainer.epochs={b.opts.epochs}"
+    tfrecord = ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
+    got = b.rounds("files", {
+        "arrays in memory (data.source=bundled)": lambda: b.train(e),
+        "TFRecord shards, 8 files (data=tfrecord)": lambda: b.train(e, *tfrecord),
+        "image folder, 10,000 PNGs (data=images)": lambda: b.train(e, "data=images", f"data.path={folder}")})
+    arrays = got["arrays in memory (data.source=bundled)"]
+    for label in list(got)[1:]:
+        b.row("files", f"default, cnn, batch 128: {label.split(' (')[0]} / arrays, examples/s",
+              ratios(got[label], arrays), "x", ">= 0.9", statistics.median(ratios(got[label], arrays)) >= 0.9)
+    # Memory: the same 8,000 records copied 8 and 150 times; 200 steps either way (a set epoch length).
+    many = {}
+    for copies in (8, 150):
+        where = b.workdir / f"copies{copies}"
+        where.mkdir()
+        for c in range(copies):
+            for shard in out.glob("train-*"):
+                os.link(shard, where / f"{c:03d}-{shard.name}")
+        many[copies] = ["data=tfrecord", f"data.train_files={where}/*", f"data.test_files={out}/test-*",
+                        "data.num_classes=10", "trainer.epochs=2", "trainer.steps_per_epoch=100"]
+    got = b.rounds("files_memory", {
+        f"{8 * 8000:,} records": lambda: b.train(*many[8], watch=peak_memory),
+        f"{150 * 8000:,} records": lambda: b.train(*many[150], watch=peak_memory)}, rounds=max(1, b.opts.rounds // 2))
+    for label, runs in got.items():
+        time.sleep(0.5)
+        peaks = [max(json.loads((Path(r["run_dir"]) / "peak_kb.json").read_text()).values()) / 1024 for r in runs]
+        b.row("files", f"{label}: the task's peak memory", peaks, " MiB")
+        b.row("files", f"{label}: seconds to the first step (the launcher's scan included)",
+              [r["seconds_to_first_step"] for r in runs], " s")
 
 
 def cpu(b: Bench) -> None:

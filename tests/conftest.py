@@ -42,11 +42,11 @@ def fresh_collective_keys():
 # workers end about together.
 LONGEST_FIRST = ["test_resume",  # 115 s
                  "test_multiworker",  # 100 s
-                 "test_files",  # 75 s
                  "test_slurm",  # 70 s
                  "test_sweep",  # 65 s
                  "test_bad_input",  # 52 s
                  "test_own_model",  # 45 s
+                 "test_files",  # 45 s
                  "test_training",  # 35 s
                  "test_storage",  # 28 s
                  "test_cli",  # 22 s

@@ -105,7 +105,8 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     assert labels(1, 0) == {0, 1, 2, 3}  # the control: one pipeline reads them all
     reader = pipeline.FileReader(found, cfg)
     assert "sharded by FILE: each reads 2 of the 4" in reader.sharding(2)
-    assert "sharded by DATA" in reader.sharding(5) and labels(5, 4) == {0, 1, 2, 3}  # 5 pipelines, 4 files
+    assert reader.sharding(5).startswith("warning: input: 5 pipelines (one per worker), sharded by DATA")
+    assert labels(5, 4) == {0, 1, 2, 3}  # 5 pipelines, 4 files: each a share of every file
 
 
 @pytest.mark.slow
@@ -150,7 +151,7 @@ def test_tfrecord_shards_train_under_mirrored_with_a_set_number_of_steps(shards,
 @pytest.mark.slow
 def test_an_image_folder_trains_and_its_class_names_go_with_the_model(folder, tmp_path):
     out = run_cli(tmp_path / "run", "data=images", f"data.path={folder}", "data.image_size=[28,28]",
-                  "data.channels=1", *QUICK, "trainer.epochs=4")
+                  "data.channels=1", *QUICK, "trainer.epochs=3")
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["class_names"] == [f"digit-{d}" for d in range(10)] and results["input_shape"] == [28, 28, 1]
@@ -249,6 +250,49 @@ CASES = ["no match", "not a tfrecord", "cut short", "other keys", "raw, no size"
          "test classes differ", "sizes differ", "no test split"]
 
 
+def _shard(path: Path, images: list, labels: list) -> Path:
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for image, label in zip(images, labels):
+            encoded = image if isinstance(image, bytes) else tf.io.encode_png(image).numpy()
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded])),
+                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}))
+                .SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("case", ["label outside", "size differs", "not an image"])
+def test_a_bad_record_met_while_streaming_is_one_line_naming_it(shards, tmp_path, case):
+    """What the scan cannot see without decoding every record stops the pipeline at that record, named
+    (the task says it in one line: bad_data)."""
+    import tensorflow as tf
+
+    from distrain.pipeline import FileReader, bad_data
+
+    x, y = digits(64, seed=3)
+    images, labels = list(x), [int(v) for v in y]
+    if case == "label outside":
+        labels[40] = 12
+    elif case == "size differs":
+        images[40] = np.zeros((32, 32, 1), np.uint8)
+    else:
+        images[40] = b"no image at all"
+    bad = _shard(tmp_path / "bad.tfrecord", images, labels)
+    cfg = make_cfg("data=tfrecord", f"data.train_files={bad}", f"data.test_files={shards}/test-*",
+                   "data.num_classes=10", "data.shuffle_buffer=1", "trainer.batch_size=8")
+    reader = FileReader(files.scan(cfg.data, seed=0), cfg)
+    assert len(list(reader().take(5))) == 5  # the records before it stream
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        list(reader().take(8))
+    says = {"label outside": "has label 12, outside [0, 10): set data.num_classes higher, or fix it",
+            "size differs": "is 32x32, the first image 28x28: set data.image_size=[H,W] to resize them all",
+            "not an image": "is not a PNG, JPEG, GIF or BMP image: replace it, or remove it"}[case]
+    assert str(bad_data(raised.value)) == f'the data\'s record 40 of "{bad}" {says}'
+    assert bad_data(ValueError("x")) is None and bad_data(tf.errors.InvalidArgumentError(None, None, "x")) is None
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_bad_data_files_are_one_line_before_anything_starts(bad, case, tmp_path, monkeypatch, capfd):
     overrides, line = bad[case]
@@ -271,3 +315,20 @@ def test_raw_pixels_with_their_size_given_are_read(tmp_path):
     with pytest.raises(ConfigError, match="holds 784 raw bytes, not H x W x C = 2352"):
         files.scan(make_cfg("data=tfrecord", f"data.train_files={raw}", f"data.test_files={raw}",
                             "data.image_size=[28,28]", "data.channels=3").data, seed=0)
+
+
+def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path):
+    """A file the launcher found, gone (or never there) where a worker reads it: one line naming it."""
+    import tensorflow as tf
+
+    from distrain import pipeline
+
+    cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", "trainer.batch_size=32"))
+    found = files.scan(cfg.data, seed=0)
+    gone = tmp_path / "train-00001-of-00004.tfrecord"
+    found.train_files = [found.train_files[0], str(gone)]
+    with pytest.raises(tf.errors.NotFoundError) as raised:
+        list(pipeline.FileReader(found, cfg)().take(40))
+    assert str(pipeline.unreadable_on_worker(raised.value, cfg.data)).startswith(
+        f"a task cannot read the data file {gone}")
+    assert pipeline.unreadable_on_worker(raised.value, make_cfg("data=synthetic").data) is None  # not files

@@ -99,14 +99,15 @@ class FileReader:
     def sharding(self, pipelines: int) -> str:
         """How `pipelines` input pipelines share the training files, in one line."""
         files = len(self.found.train_files)
-        return f"input: {pipelines} pipelines (one per worker), sharded by " + (
+        warning = "" if files >= pipelines else "warning: "
+        return f"{warning}input: {pipelines} pipelines (one per worker), sharded by " + (
             f"FILE: each reads {files // pipelines}{'' if files % pipelines == 0 else f' or {files // pipelines + 1}'} "
             f"of the {files} training files"
             if files >= pipelines else f"DATA: each reads all {files} training file(s) and keeps 1 record in "
             f"{pipelines} (fewer files than workers; as many files as workers would spare the reading)")
 
     def _records(self, files: list, labels: list, shuffle: bool, keep=None) -> tf.data.Dataset:
-        """TFRecord files: their serialized records, interleaved; image files: (path, label) pairs.
+        """Image files: (path, label) pairs; TFRecord files: (file, index, serialized record), interleaved.
         shuffle: the files in a new seeded order each pass. keep: (pipeline of each file, this one)."""
         seed = self.cfg.trainer.seed
         if self.found.kind == "images":
@@ -121,28 +122,49 @@ class FileReader:
             ds = ds.map(lambda i, f: f)
         if shuffle:
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        return ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8), block_length=1,
-                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.interleave(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r)),
+                             cycle_length=min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+                             deterministic=True)
 
     def _decode(self, *record):
         """One example: pixels scaled to [0, 1], in the shape data.json holds (resized if data.image_size);
-        its label."""
+        its label. A record or image that does not fit is an error naming it (bad_data says it in one line)."""
         data, (height, width, channels) = self.cfg.data, self.found.shape
+        checks = []
         if self.found.kind == "images":
             path, label = record
-            raw = tf.io.read_file(path)
+            raw, where = tf.io.read_file(path), tf.strings.format("image {}", path)
         else:
-            parsed = tf.io.parse_single_example(record[0], {data.image_key: tf.io.FixedLenFeature([], tf.string),
-                                                            data.label_key: tf.io.FixedLenFeature([], tf.int64)})
+            path, index, serialized = record
+            where = tf.strings.format("record {} of {}", (index, path))
+            parsed = tf.io.parse_single_example(serialized, {
+                data.image_key: tf.io.FixedLenFeature([], tf.string, default_value=""),
+                data.label_key: tf.io.FixedLenFeature([], tf.int64, default_value=-1)})
             raw, label = parsed[data.image_key], tf.cast(parsed[data.label_key], tf.int32)
+            checks = [_check(tf.strings.length(raw) > 0, where, f"has no {data.image_key} (data.image_key)"),
+                      _check(label >= 0, where, f"has no {data.label_key} (data.label_key), or a negative label")]
+        checks.append(_check(label < self.found.num_classes, where, tf.strings.format(
+            "has label {}, outside [0, {})", (label, self.found.num_classes)), "set data.num_classes higher, or fix it"))
         if self.found.encoded:
-            image = tf.io.decode_image(raw, channels=channels, expand_animations=False)
+            checks.append(_check(tf.reduce_any([tf.strings.substr(raw, 0, len(m)) == m for m in MAGIC]), where,
+                                 "is not a PNG, JPEG, GIF or BMP image", "replace it, or remove it"))
+            with tf.control_dependencies(checks):
+                image = tf.io.decode_image(raw, channels=channels, expand_animations=False)
         else:
-            image = tf.reshape(tf.io.decode_raw(raw, tf.uint8), [height, width, channels])
+            checks.append(_check(tf.strings.length(raw) == height * width * channels, where, tf.strings.format(
+                "holds {} raw bytes, not {}", (tf.strings.length(raw), height * width * channels)),
+                "fix data.image_size and data.channels"))
+            with tf.control_dependencies(checks):
+                image = tf.reshape(tf.io.decode_raw(raw, tf.uint8), [height, width, channels])
         if data.get("image_size"):
             image = tf.image.resize(image, [height, width])  # bilinear, as Keras's image_dataset_from_directory
-        image = tf.ensure_shape(tf.cast(image, tf.float32) / 255.0, [height, width, channels])
-        return image, label
+        else:
+            size = tf.shape(image)[:2]
+            with tf.control_dependencies([_check(tf.reduce_all(size == [height, width]), where, tf.strings.format(
+                    "is {}x{}, the first image {}x{}", (size[0], size[1], height, width)),
+                    "set data.image_size=[H,W] to resize them all")]):
+                image = tf.identity(image)
+        return tf.ensure_shape(tf.cast(image, tf.float32) / 255.0, [height, width, channels]), tf.identity(label)
 
     def _finish(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         options = tf.data.Options()
@@ -157,6 +179,33 @@ class FileReader:
         ds = self._records(self.found.test_files[:1] if self.found.kind == "tfrecord" else self.found.test_files[:n],
                            self.found.test_labels[:n], shuffle=False)
         return next(iter(ds.map(self._decode).batch(n)))[0].numpy()
+
+
+BAD = "@@"  # around the line a data check gives (_check), inside TensorFlow's error: bad_data finds it
+MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")  # the first bytes of the images decode_image reads
+
+
+def _check(condition, where, says, fix: str = "fix it, or remove it"):
+    """An op that stops the pipeline, where `condition` fails, with an error naming the example (where: a
+    string tensor) and saying what is wrong (says: text, or a string tensor) and what to do. What must
+    not run before it depends on it (tf.control_dependencies)."""
+    return tf.debugging.Assert(condition, [tf.strings.join([BAD, "the data's ", where, " ", says, f": {fix}", BAD])])
+
+
+def bad_data(exc: Exception) -> ConfigError | None:
+    """A data check's error (_check), or an image TensorFlow could not decode, as one line; else None."""
+    exc = getattr(exc, "original_exception", exc)  # the coordinator wraps a failed dataset (ClosureInputError)
+    if not isinstance(exc, tf.errors.OpError):
+        return None
+    said = re.search(f"{BAD}(.*?){BAD}", exc.message, re.S)
+    if said:
+        return ConfigError(said.group(1).replace('\\"', '"').replace("\\'", "'"))
+    if re.search(r"Invalid PNG data|jpeg|Invalid JPEG|Input size should match|decode", exc.message, re.I) and \
+            "Decode" in exc.message:
+        first = re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0][:200]
+        return ConfigError(f"an image of the data files does not decode ({first}): find it with Pillow (PIL.Image"
+                           ".open(path).load()) and replace or remove it")
+    return None
 
 
 OTHER_DATA = "holds other data than the coordinator read"
@@ -204,9 +253,20 @@ def _contents(path: Path):
 
 
 def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
-    """A worker's failure to read data.path (missing there, or other data), as one line; else None."""
+    """A worker's failure to read data.path (missing there, or other data), or its data files, as one line;
+    else None."""
     exc = getattr(exc, "original_exception", exc)  # the coordinator wraps a failed dataset (ClosureInputError)
-    if data.source != "idx" or not isinstance(exc, (tf.errors.NotFoundError, tf.errors.InvalidArgumentError)):
+    if data.source not in ("idx", "tfrecord", "images") or \
+            not isinstance(exc, (tf.errors.NotFoundError, tf.errors.InvalidArgumentError)):
+        return None
+    if data.source != "idx":  # data in files: a file the launcher found, missing where a task reads it
+        missing = re.search(r"NotFoundError|No such file or directory", exc.message) and \
+            re.search(r"(/[^\s;,'\"]+)[:;,]? No such file", exc.message)
+        if isinstance(exc, tf.errors.NotFoundError) or missing:
+            path = missing.group(1) if missing else re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0]
+            return ConfigError(f"a task cannot read the data file {path}, which the launcher found: every worker "
+                               "reads the data files itself, at the same path; give each machine the same files "
+                               "(shared storage), or fix data.train_files / data.path")
         return None
     fix = ("every parameter-server worker reads the IDX files itself: give each worker's machine the same "
            f"files at data.path={data.path}")

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
             if cfg.strategy.name == PS and task.type in ("ps", "worker"):
                 return serve(context, cfg.cluster.name == "slurm", cfg.cluster.startup_timeout)
         # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
-        from .pipeline import unreadable_on_worker
+        from .pipeline import bad_data, unreadable_on_worker
         from .strategy import configure_devices, make_strategy
         from .training import train
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
             if context.chief:
                 context.run.write_results(results)
         except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
-            raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or \
+            raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or bad_data(exc) or \
                 full_disk(exc, context.run, clean=context.chief) or exc
     except FINAL as exc:
         print_error(str(exc))
