@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -189,6 +190,8 @@ def pipeline(b: Bench) -> None:
     import tensorflow  # noqa: F401
     os.dup2(stderr, 2)
 
+    from distrain.pipeline import make_dataset
+
     (x, y), _ = data_lib.load(OmegaConf.create({"source": "bundled", "name": "mnist"}), 42)
     modes = {"global batches (default, mirrored, central_storage)": {"batch_size": 128},
              "a worker's slice of each global batch (multi_worker_mirrored, 2)": {"batch_size": 128, "part": (0, 2)},
@@ -206,7 +209,7 @@ def pipeline(b: Bench) -> None:
     for label, kwargs in modes.items():
         rates = []
         for _ in range(b.opts.rounds):
-            ds = data_lib.make_dataset(x, y, seed=42, shuffle_buffer=10000, repeat=True, drop_remainder=True, **kwargs)
+            ds = make_dataset(x, y, seed=42, shuffle_buffer=10000, repeat=True, drop_remainder=True, **kwargs)
             it = iter(ds)
             drain(it, tensorflow.constant(50))  # warm-up, tracing
             start = time.perf_counter()
@@ -383,10 +386,16 @@ def files(b: Bench) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(images[i]).save(path)
     e = f"trainer.epochs={b.opts.epochs}"
+    raw = b.workdir / "raw"
+    b._run([sys.executable, str(TRAIN), "write-tfrecords", "data.source=bundled", f"out={raw}", "shards=8",
+            "encoding=raw"])
     tfrecord = ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
+    raw_records = ["data=tfrecord", f"data.train_files={raw}/train-*", f"data.test_files={raw}/test-*",
+                   "data.num_classes=10", "data.image_size=[28,28]", "data.channels=1"]
     got = b.rounds("files", {
         "arrays in memory (data.source=bundled)": lambda: b.train(e),
         "TFRecord shards, 8 files (data=tfrecord)": lambda: b.train(e, *tfrecord),
+        "TFRecord shards of raw pixels, 8 files": lambda: b.train(e, *raw_records),
         "image folder, 10,000 PNGs (data=images)": lambda: b.train(e, "data=images", f"data.path={folder}")})
     arrays = got["arrays in memory (data.source=bundled)"]
     for label in list(got)[1:]:
@@ -469,9 +478,12 @@ def points(a: list, b: list) -> list:
 
 def cpu_features() -> str:
     """What decides the fastest settings: AVX-512, native bfloat16, AMX, and TensorFlow's own oneDNN default."""
-    # distrain's own reading (src/distrain/cpu.py, standard library only), loaded without the package,
-    # whose import would change this process's environment, which every run inherits.
-    spec = importlib.util.spec_from_file_location("distrain_cpu", HERE.parent / "src" / "distrain" / "cpu.py")
+    # distrain's own reading (src/distrain/cpu.py and protocol.py, standard library only), loaded without
+    # the package's __init__, whose import would change this process's environment, which every run inherits.
+    package = types.ModuleType("distrain")
+    package.__path__ = [str(HERE.parent / "src" / "distrain")]
+    sys.modules.setdefault("distrain", package)
+    spec = importlib.util.spec_from_file_location("distrain.cpu", HERE.parent / "src" / "distrain" / "cpu.py")
     cpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cpu)
     flags = cpu.flags()

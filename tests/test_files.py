@@ -332,3 +332,20 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
     assert str(pipeline.unreadable_on_worker(raised.value, cfg.data)).startswith(
         f"a task cannot read the data file {gone}")
     assert pipeline.unreadable_on_worker(raised.value, make_cfg("data=synthetic").data) is None  # not files
+
+
+def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):
+    """write-tfrecords' two encodings, read back: the pixels of the arrays they came from, scaled to [0, 1]."""
+    from distrain import pipeline, tfrecords
+
+    x, y = digits(50)
+    for encoding in ("png", "raw"):
+        tfrecords.write(x, y, tmp_path / encoding, "test", 1, raw=encoding == "raw")
+        cfg = make_cfg("data=tfrecord", f"data.train_files={tmp_path / encoding}/*", f"data.test_files={tmp_path / encoding}/*",
+                       "data.num_classes=10", "trainer.batch_size=50",
+                       *(["data.image_size=[28,28]", "data.channels=1"] if encoding == "raw" else []))
+        found = files.scan(cfg.data, seed=0)
+        assert found.encoded == (encoding == "png")
+        images, labels = next(iter(pipeline.FileReader(found, cfg, training=False)()))
+        np.testing.assert_array_equal(labels.numpy(), y)
+        np.testing.assert_allclose(images.numpy(), x / 255.0, atol=1e-6)

@@ -1,11 +1,12 @@
-"""`distrain write-tfrecords [overrides] out=DIR [shards=N]`: any array source (bundled, keras, idx, npz,
+"""`distrain write-tfrecords [overrides] out=DIR [shards=N] [encoding=png|raw]`: any array source (bundled, keras, idx, npz,
 a loader, synthetic) written as TFRecord shards in the layout data=tfrecord reads, so that data can move
 from memory to files in one command:
 
     distrain write-tfrecords data=npz data.path=mydata.npz out=data shards=16
     python train.py data=tfrecord 'data.train_files=data/train-*' 'data.test_files=data/test-*'
 
-Each record is a tf.train.Example: image/encoded (PNG), image/class/label (int64), image/height,
+Each record is a tf.train.Example: image/encoded (PNG; with encoding=raw the uint8 pixels themselves,
+larger files but no decoding: the fastest to stream), image/class/label (int64), image/height,
 image/width, image/channels; uint8 images as they are, float images in [0, 1] scaled to 0-255.
 """
 import sys
@@ -15,12 +16,14 @@ import numpy as np
 
 from .errors import ConfigError, print_error
 
-USAGE = "usage: distrain write-tfrecords [data=... overrides] out=DIR [shards=N]   (e.g. data=npz data.path=x.npz)"
+USAGE = ("usage: distrain write-tfrecords [data=... overrides] out=DIR [shards=N] [encoding=png|raw]   (e.g. "
+         "data=npz data.path=x.npz)")
+OPTIONS = ("out", "shards", "encoding")
 
 
-def write(images, labels, out_dir: Path, split: str, shards: int) -> list[Path]:
+def write(images, labels, out_dir: Path, split: str, shards: int, raw: bool = False) -> list[Path]:
     """The images (N, H, W, C) and labels as `shards` files out_dir/{split}-00000-of-0000N.tfrecord, example i
-    in shard i % shards."""
+    in shard i % shards; PNG-encoded, or raw uint8 pixels."""
     import tensorflow as tf
 
     if images.dtype != np.uint8:
@@ -31,8 +34,8 @@ def write(images, labels, out_dir: Path, split: str, shards: int) -> list[Path]:
     for shard, path in enumerate(paths):
         with tf.io.TFRecordWriter(str(path)) as writer:
             for i in range(shard, len(labels), shards):
-                png = tf.io.encode_png(images[i]).numpy()
-                feature = {"image/encoded": _bytes(png), "image/class/label": _ints(int(labels[i])),
+                encoded = images[i].tobytes() if raw else tf.io.encode_png(images[i]).numpy()
+                feature = {"image/encoded": _bytes(encoded), "image/class/label": _ints(int(labels[i])),
                            "image/height": _ints(height), "image/width": _ints(width), "image/channels": _ints(channels)}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return paths
@@ -55,8 +58,8 @@ def main(argv: list) -> int:
     from .cli import _compose
     from .config import validate
 
-    options = dict(a.split("=", 1) for a in argv if a.split("=", 1)[0] in ("out", "shards"))
-    overrides = [a for a in argv if a.split("=", 1)[0] not in ("out", "shards")]
+    options = dict(a.split("=", 1) for a in argv if a.split("=", 1)[0] in OPTIONS)
+    overrides = [a for a in argv if a.split("=", 1)[0] not in OPTIONS]
     if "out" not in options or any(a in ("-h", "--help") for a in argv):
         print(USAGE, file=sys.stderr)
         return 2
@@ -67,6 +70,11 @@ def main(argv: list) -> int:
     except ValueError:
         print_error(f"shards={options['shards']} must be a positive integer: set e.g. shards=16")
         return 2
+    if options.get("encoding", "png") not in ("png", "raw"):
+        print_error(f"encoding={options['encoding']} is not png or raw: set encoding=png (smaller files) or raw "
+                    "(no decoding)")
+        return 2
+    raw = options.get("encoding") == "raw"
     try:
         cfg = validate(_compose([], overrides))
         if cfg.data.source in data.FILE_SOURCES:
@@ -80,8 +88,9 @@ def main(argv: list) -> int:
         return 2
     out = Path(options["out"])
     for split, (x, y) in (("train", (x_train, y_train)), ("test", (x_test, y_test))):
-        paths = write(x, y, out, split, min(shards, len(y)))
+        paths = write(x, y, out, split, min(shards, len(y)), raw)
         print(f"{split}: {len(y)} examples in {len(paths)} file(s) {out / split}-*.tfrecord", flush=True)
+    size = f" data.image_size=[{x_train.shape[1]},{x_train.shape[2]}] data.channels={x_train.shape[3]}" if raw else ""
     print(f"train on them: python train.py data=tfrecord 'data.train_files={out}/train-*' "
-          f"'data.test_files={out}/test-*'", flush=True)
+          f"'data.test_files={out}/test-*'{size}", flush=True)
     return 0
