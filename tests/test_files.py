@@ -349,3 +349,24 @@ def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):
         images, labels = next(iter(pipeline.FileReader(found, cfg, training=False)()))
         np.testing.assert_array_equal(labels.numpy(), y)
         np.testing.assert_allclose(images.numpy(), x / 255.0, atol=1e-6)
+
+
+def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards, tmp_path, monkeypatch):
+    """Before it reads any, a worker matches data.train_files on its own machine against the files the
+    launcher found: here the coordinator saw a file the worker's disk lacks (control: the same files)."""
+    import tensorflow as tf
+
+    from distrain import pipeline
+
+    monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+    cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", "trainer.batch_size=32"))
+    found = files.scan(cfg.data, seed=0)
+    assert len(list(pipeline.FileReader(found, cfg, workers=2)(context).take(2))) == 2  # the control
+    found.train_files = sorted([*found.train_files, str(shards / "train-00009-of-00004.tfrecord")])
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        list(pipeline.FileReader(found, cfg, workers=2)(context).take(2))
+    line = str(pipeline.bad_data(raised.value))
+    assert line.startswith("the data's data.train_files on a parameter-server worker sees 4 of the coordinator's 5 "
+                           "files (missing: [") and "train-00009-of-00004.tfrecord" in line, line
+    assert line.endswith("give every worker's machine the same files at the same path"), line

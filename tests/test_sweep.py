@@ -250,19 +250,14 @@ def quiet_end(out: str) -> bool:
         "interrupted by SIGINT: every job stopped")
 
 
-def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path):
-    """Ctrl-C reaches every job: the two running (jobs 0 and 1) stop their tasks at a step, the two
-    queued (2 and 3) never start, the sweep's process waits for them (joblib would kill its workers
-    mid-stop) and writes the summary; nothing but the sweep's own lines on the terminal."""
-    sweep_dir = tmp_path / "sweep"
-    proc = subprocess.Popen(
-        [sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=joblib",
-         "hydra.launcher.n_jobs=2", "strategy=multi_worker_mirrored", "cluster.workers=1,2", "trainer.seed=1,2",
-         "data=synthetic", "model=mlp", "trainer.epochs=1000", "trainer.verbose=2", "trainer.save_model=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, start_new_session=True)
+def ctrl_c(sweep_dir, args: list, logs: list) -> tuple[int, str]:
+    """A sweep started as a user does, Ctrl-C'd once every log in `logs` shows training: its exit
+    status and output. Bounded in time; a sweep that does not end is killed and fails the test."""
+    proc = subprocess.Popen([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=sweep_dir.parent,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
-        logs = [sweep_dir / "0" / "logs" / "worker-0.log", sweep_dir / "1" / "logs" / "worker-0.log"]
         while not all(p.exists() and "Epoch 1/" in p.read_text() for p in logs):
             assert proc.poll() is None and time.monotonic() < deadline, "the jobs never got going"
             time.sleep(0.5)
@@ -272,7 +267,19 @@ def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert proc.returncode == 130 and quiet_end(out), out[-3000:]
+    return proc.returncode, out
+
+
+def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path):
+    """Ctrl-C reaches every job: the two running (jobs 0 and 1) stop their tasks at a step, the two
+    queued (2 and 3) never start, the sweep's process waits for them (joblib would kill its workers
+    mid-stop) and writes the summary; nothing but the sweep's own lines on the terminal."""
+    sweep_dir = tmp_path / "sweep"
+    code, out = ctrl_c(sweep_dir, ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=multi_worker_mirrored",
+                                   "cluster.workers=1,2", "trainer.seed=1,2", "data=synthetic", "model=mlp",
+                                   "trainer.epochs=1000", "trainer.verbose=2", "trainer.save_model=false"],
+                       [sweep_dir / "0" / "logs" / "worker-0.log", sweep_dir / "1" / "logs" / "worker-0.log"])
+    assert code == 130 and quiet_end(out), out[-3000:]
     for job in ("0", "1"):  # each training task stopped at a step, as SIGTERM asks, not killed mid-stop
         assert re.search(rf"^\[#{job}\] stopped by SIGTERM at global step \d+", out, re.M), out[-3000:]
         assert json.loads((sweep_dir / job / "cluster.json").read_text())["status"] == "interrupted"
@@ -292,24 +299,11 @@ def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path
 def test_ctrl_c_stops_a_submitit_local_sweep_without_a_traceback(tmp_path):
     """submitit's local launcher: a controller process per job, which would print a traceback on Ctrl-C."""
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.Popen(
-        [sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=submitit_local",
-         "strategy=multi_worker_mirrored", "cluster.workers=1,2", "data=synthetic", "model=mlp",
-         "trainer.epochs=1000", "trainer.verbose=2", "trainer.save_model=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, start_new_session=True)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT
-        logs = [sweep_dir / "0" / "logs" / "worker-0.log", sweep_dir / "1" / "logs" / "worker-1.log"]
-        while not all(p.exists() and "Epoch 1/" in p.read_text() for p in logs):
-            assert proc.poll() is None and time.monotonic() < deadline, "the jobs never got going"
-            time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 130 and quiet_end(out), out[-3000:]
+    code, out = ctrl_c(sweep_dir, ["hydra/launcher=submitit_local", "strategy=multi_worker_mirrored",
+                                   "cluster.workers=1,2", "data=synthetic", "model=mlp", "trainer.epochs=1000",
+                                   "trainer.verbose=2", "trainer.save_model=false"],
+                       [sweep_dir / "0" / "logs" / "worker-0.log", sweep_dir / "1" / "logs" / "worker-1.log"])
+    assert code == 130 and quiet_end(out), out[-3000:]
     with open(sweep_dir / "summary.csv") as f:
         assert [row["status"] for row in csv.DictReader(f)] == ["interrupted"] * 2
     time.sleep(1)

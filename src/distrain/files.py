@@ -161,7 +161,7 @@ def match(patterns, key: str) -> list:
         raise ConfigError(f"data=tfrecord needs {key}: set e.g. {key}='data/train-*.tfrecord'")
     found = []
     for pattern in _patterns(patterns):
-        hits = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+        hits = sorted(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
         if not hits:
             raise ConfigError(f"{key}: no file matches {pattern} (from {os.getcwd()}): fix the pattern, or give an "
                               "absolute path")

@@ -2,6 +2,7 @@
 InputReader that turns a source and a tf.distribute.InputContext into the dataset of one input
 pipeline (as Model Garden's InputReader does). data.py loads the arrays without TensorFlow.
 """
+import os
 import re
 from pathlib import Path
 
@@ -97,6 +98,21 @@ class FileReader:
             ds = ds.rebatch(context.get_per_replica_batch_size(t.batch_size))
         return self._finish(ds)
 
+    def _same_files(self):
+        """A check, run where the worker reads its data: its data.train_files patterns match the files the
+        launcher found for the coordinator, by name (a worker on another machine may see other files)."""
+        found = tf.concat([tf.io.matching_files(p) for p in _patterns(self.cfg.data.train_files)], 0)
+        expected = tf.constant(self.found.train_files)
+        missing = tf.sparse.to_dense(tf.sets.difference([expected], [found]))[0]
+        extra = tf.sparse.to_dense(tf.sets.difference([found], [expected]))[0]
+
+        def says(_):
+            return tf.strings.format("sees {} of the coordinator's {} files (missing: {}; others: {})", (
+                tf.size(expected) - tf.size(missing), tf.size(expected), missing[:3], extra[:3]))
+        return _check(tf.equal(tf.size(missing) + tf.size(extra), 0),
+                      lambda _: tf.constant("data.train_files on a parameter-server worker"), says,
+                      "give every worker's machine the same files at the same path")
+
     def sharding(self, pipelines: int) -> str:
         """How `pipelines` input pipelines share the training files, in one line."""
         files = len(self.found.train_files)
@@ -118,6 +134,9 @@ class FileReader:
                 ds = ds.map(lambda i, pair: pair)
             return ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if shuffle else ds
         ds = tf.data.Dataset.from_tensor_slices(files)
+        if self.workers and self.training:  # on a parameter-server worker, before it reads any: the same files?
+            ds = tf.data.Dataset.from_tensors(0).map(lambda _: self._same_files()).flat_map(
+                lambda _: tf.data.Dataset.from_tensor_slices(files))
         if keep is not None:
             ds = ds.enumerate().filter(lambda i, f: tf.gather(keep[0], i) == tf.cast(keep[1], tf.int32))
             ds = ds.map(lambda i, f: f)
@@ -212,6 +231,11 @@ def _check(ok, where, says, fix: str = "fix it, or remove it"):
         with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
             return tf.constant(False)
     return tf.cond(tf.reduce_all(ok), lambda: tf.constant(True), fail)
+
+
+def _patterns(value) -> list:
+    """Glob patterns, absolute as the launcher matched them (files.match)."""
+    return [os.path.abspath(os.path.expanduser(p)) for p in ([value] if isinstance(value, str) else list(value))]
 
 
 def bad_data(exc: Exception) -> ConfigError | None:

@@ -195,17 +195,21 @@ class Npz(Data):
     path: Optional[str] = key(None, "the .npz file", example="mydata.npz")
 
 
-IMAGE_SIZE = key(None, "[H, W]: images of another size are resized to it, as Keras does (null: every image must "
-                "be the size of the first)", Check(lambda v: len(v) == 2 and all(0 < x <= 65536 for x in v),
-                                                    "must be [H, W], two positive sizes"), example=[28, 28])
-CHANNELS = key(None, "1 (grey) or 3 (RGB): images are decoded to it (null: what the first image has)",
-               one_of(1, 3), example=1)
-CACHE = key(None, "null: stream the files every epoch; memory: keep the decoded examples in memory after the "
-            "first epoch; or a directory for a cache on disk")
+@dataclass
+class InFiles(Data):
+    """What both layouts of data in files take."""
+    image_size: Optional[List[int]] = key(None, "[H, W]: images of another size are resized to it, as Keras does "
+                                          "(null: every image must be the size of the first)",
+                                          Check(lambda v: len(v) == 2 and all(0 < x <= 65536 for x in v),
+                                                "must be [H, W], two positive sizes"), example=[28, 28])
+    channels: Optional[int] = key(None, "1 (grey) or 3 (RGB): images are decoded to it (null: what the first image "
+                                  "has)", one_of(1, 3), example=1)
+    cache: Optional[str] = key(None, "null: stream the files every epoch; memory: keep the decoded examples in "
+                               "memory after the first epoch; or a directory for a cache on disk")
 
 
 @dataclass
-class TFRecord(Data):
+class TFRecord(InFiles):
     name: str = key("tfrecord", "your own TFRecord shards of tf.train.Example records: an encoded image (PNG, JPEG) "
                     "or raw uint8 pixels, and an int64 label")
     source: DataSource = key(DataSource.tfrecord, "tfrecord")
@@ -215,25 +219,19 @@ class TFRecord(Data):
                           example="'data/test-*.tfrecord'")
     image_key: str = key("image/encoded", "the records' image feature (bytes)")
     label_key: str = key("image/class/label", "the records' label feature (int64)")
-    image_size: Optional[List[int]] = IMAGE_SIZE
-    channels: Optional[int] = CHANNELS
     num_classes: Optional[int] = key(None, "classes (null: one more than the largest label, read in one pass over "
                                      "the records before training)", POSITIVE, example=10)
-    cache: Optional[str] = CACHE
 
 
 @dataclass
-class Images(Data):
+class Images(InFiles):
     name: str = key("images", "your own folder of images: path/train/<class>/*, path/test/<class>/* (PNG, JPEG, BMP, "
                     "GIF), classes in sorted folder order as Keras's image_dataset_from_directory reads them")
     source: DataSource = key(DataSource.images, "images")
     path: Optional[str] = key(None, "the folder holding train/ (and test/)", example="data/flowers")
     validation_split: float = key(0.0, "where there is no test/: the fraction of train/ held out for testing, "
                                   "seeded", FRACTION, example=0.2)
-    image_size: Optional[List[int]] = IMAGE_SIZE
-    channels: Optional[int] = CHANNELS
     num_classes: Optional[int] = key(None, "classes (null: the number of class folders)", POSITIVE, example=10)
-    cache: Optional[str] = CACHE
 
 
 @dataclass
