@@ -45,7 +45,12 @@ def scratch() -> str | None:
 
 
 class Preempted(Exception):
-    """SIGTERM stopped training at a step boundary (its checkpoint saved, where checkpoints are on)."""
+    """SIGTERM stopped training at a step boundary (its checkpoint saved, where checkpoints are on).
+    mid_epoch: within an epoch (a progress bar's line is still open)."""
+
+    def __init__(self, global_step: int, mid_epoch: bool = False):
+        super().__init__(global_step)
+        self.mid_epoch = mid_epoch
 
 
 class _Agreed(Exception):

@@ -97,6 +97,8 @@ class TaskProcess:
     hung: bool = False
     ended_at: float | None = None  # when the supervisor first saw it ended (monotonic clock)
     pump: threading.Thread | None = None  # copies its output
+    open_line: bool = False  # a progress bar of its is on the terminal without its newline
+    line_ended: bool = False  # ... and the launcher ended that line (end_line) before a line of its own
 
     def start(self, run: RunDir, prefix: str | None) -> None:
         self.prefix = prefix
@@ -154,16 +156,26 @@ class TaskProcess:
                         out.flush()
                         err.write((prefix or "").encode() + last)
                         err.flush()
-                    elif where == OUT:
-                        out.write(prefix.encode() + last if prefix is not None else line[shown:] + b"\n")
-                    shown = 0
+                    elif where == OUT and prefix is not None:
+                        out.write(prefix.encode() + last)
+                    elif where == OUT and (line[shown:] or not self.line_ended):  # (ended: end_line)
+                        out.write(line[shown:] + b"\n")
+                    shown, self.open_line, self.line_ended = 0, False, False
                 if prefix is None and (b"\r" in pending or b"\b" in pending):  # a progress bar: show it now
                     out.write(pending[shown:])
-                    shown = len(pending)
+                    shown, self.open_line = len(pending), True
                 logfile.flush()
                 out.flush()
             if pending:
                 logfile.write(pending.rsplit(b"\r", 1)[-1] + b"\n")
+
+    def end_line(self) -> None:
+        """Ends the line of a progress bar this task left open on the terminal, before the launcher writes
+        a line of its own there (the task's next line does not end it again)."""
+        if self.open_line:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.open_line, self.line_ended = False, True
 
     def stalled(self) -> bool:
         """Its heartbeat, once it keeps one, stopped for longer than peer_timeout."""
@@ -294,7 +306,10 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
     except Interrupted as exc:
         if job:
             job.say_stopped(exc.exit_code - 128)  # the sweep's other jobs stop too
-        log.error("interrupted by %s: stopping %d task(s)", exc, len(tasks))
+        for task in tasks:
+            task.end_line()
+        log.error("interrupted by %s%s: stopping %d task(s) at the end of their step", exc,
+                  " (Ctrl-C)" if exc.exit_code == 128 + signal.SIGINT else "", len(tasks))
         outcome = Outcome(exc.exit_code, "interrupted", f"interrupted by {exc}")
         return outcome
     finally:

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
         os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except Preempted as exc:
         saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
-        print(f"stopped by SIGTERM at global step {exc}: {saved}; go on with trainer.resume=true", flush=True)
+        bar = "\n" if cfg.trainer.verbose == 1 and exc.mid_epoch else ""  # the progress bar's line ends first
+        print(f"{bar}stopped by SIGTERM at global step {exc}: {saved}; go on with trainer.resume=true", flush=True)
         return 128 + signal.SIGTERM
     if context.chief:
         print(report.summary_line(results), flush=True)

@@ -240,7 +240,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
                 start = time.perf_counter()
                 saves.save(progress, epoch * steps + progress.step)
             if Preemption.requested and progress.step < steps:
-                raise Preempted(epoch * steps + progress.step)
+                raise Preempted(epoch * steps + progress.step, mid_epoch=True)
         totals = runner.end()
         progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
         for name, mean in means(runner.names, totals):
