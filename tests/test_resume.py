@@ -149,19 +149,34 @@ def uninterrupted(tmp_path_factory):
     return run
 
 
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list:
+    """The same synthetic examples as data=synthetic data.train_examples=2048 data.test_examples=256, in
+    TFRecord shards (4 and 1): the overrides that train on them."""
+    from distrain import data, tfrecords
+
+    out = tmp_path_factory.mktemp("shards")
+    (x, y), (x_test, y_test) = data.synthetic(2048, 256, seed=42)
+    tfrecords.write(x[..., None], y, out, "train", 4)
+    tfrecords.write(x_test[..., None], y_test, out, "test", 1)
+    return ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
+
+
 # Killed for real (the default strategy's loop is mirrored's, and is stopped in-process above). A worker
 # that fails a run with cluster.max_restarts=0 leaves what a failure leaves anywhere (test_multiworker),
 # and a multi_worker_mirrored cluster resumed through the launcher's resumed() is test_slurm's requeue.
 @pytest.mark.parametrize("strategy, victim, restarted_by", [
-    ("mirrored", None, "user"),  # the whole run killed on 2 virtual CPUs, resumed by hand
-    ("multi_worker_mirrored", "worker-1", "launcher"),  # the launcher restarts the cluster by itself
+    ("mirrored", None, "user"),  # the whole run killed on 2 virtual CPUs, resumed by hand (arrays)
+    ("multi_worker_mirrored", "worker-1", "launcher"),  # the launcher restarts the cluster by itself (files)
 ])
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, strategy, victim,
-                                                                       restarted_by):
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, shards, strategy,
+                                                                       victim, restarted_by):
+    """The data in memory (mirrored) and in TFRecord files, each worker reading its own (multi_worker_mirrored)."""
     devices = ["strategy.cpu_virtual_devices=2"] if strategy == "mirrored" else []
-    args = [f"strategy={strategy}", *devices, "cluster.workers=2", "data=synthetic", "data.train_examples=2048",
-            "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=3", "trainer.verbose=2",
-            *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 32 steps an epoch, 96 in all
+    source = ["data=synthetic", "data.train_examples=2048", "data.test_examples=256"] if strategy == "mirrored" \
+        else shards
+    args = [f"strategy={strategy}", *devices, "cluster.workers=2", *source, "trainer.batch_size=64", "trainer.epochs=3",
+            "trainer.verbose=2", *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 32 steps an epoch, 96 in all
     whole_dir = uninterrupted(args)
     run_dir = tmp_path / "stopped"
     proc = start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
