@@ -297,6 +297,8 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     assert ("error: task worker-1 exited with status -9 and the cluster was restarted 1 time(s) already within "
             "3600 s (cluster.restart_window) (cluster.max_restarts=1); raise cluster.max_restarts, or read its log for "
             f"why it keeps dying; the end of its log ({log.parent}/worker-1.log):") in out
+    assert len([line for line in out.splitlines() if re.match(r"(\[[^]]*\] )?error:", line)]) == 1, out[-3000:]
+    # (the launcher's alone: worker 0's own news of its lost peer is no second error line)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert json.loads((run_dir / "cluster.json").read_text())["tasks"][1]["restarts"] == 1
     assert_nothing_left(tmp_path)
@@ -320,7 +322,10 @@ def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
     # register (which of them depends on the timing), stay in its log: after its epochs, at most its own line.
     training = out.partition("steps per epoch")[2].splitlines()[1:]
     assert [line for line in training if line.startswith("[chief-0] ") and "Epoch" not in line and
-            not line.startswith("[chief-0] error: a task of the cluster was lost mid-training (")] == [], out[-3000:]
+            not line.startswith("[chief-0] a task of the cluster was lost mid-training (")] == [], out[-3000:]
+    assert [line for line in out.splitlines() if re.match(r"(\[[^]]*\] )?error:", line)] == [  # one line for one
+        # event: the launcher's
+        f"error: task ps-0 exited with status -9; the end of its log ({run_dir / 'logs' / 'ps-0.log'}):"], out[-3000:]
     assert "Traceback" not in out and "ERROR:tensorflow" not in out
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert_nothing_left(tmp_path)

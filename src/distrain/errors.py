@@ -17,7 +17,12 @@ FINAL = (ConfigError, Diverged)  # one line and exit status 2: a restart would o
 
 class PeerLost(Exception):
     """A task of the cluster died or stopped answering mid-training: one line, exit status 1 (a
-    restart from the latest checkpoint can help, unlike a ConfigError)."""
+    restart from the latest checkpoint can help, unlike a ConfigError). hung: it stopped answering
+    (alive, so a launcher watching it does not see it end)."""
+
+    def __init__(self, message: str, hung: bool = False):
+        super().__init__(message)
+        self.hung = hung
 
 
 def print_error(message: str) -> None:

@@ -63,8 +63,11 @@ def main(argv=None) -> int:
         print_error(str(exc))
         return 2
     except PeerLost as exc:
-        if os.environ.get(RESTARTS_CLUSTER) == "1":
+        watched = os.environ.get(RESTARTS_CLUSTER)  # a local cluster's launcher sees a task that died
+        if watched == "1":
             print(f"{exc}: the launcher restarts the cluster from its latest checkpoint", flush=True)
+        elif watched == "0" and not exc.hung:  # its line names the task and why: one line for one event
+            print(f"{exc}: the launcher ends the run", flush=True)
         else:
             kept = ("its latest checkpoint is kept" if cfg.trainer.save_model else
                     "nothing saved (trainer.save_model=false)")
@@ -97,7 +100,7 @@ def lost_peer(exc: Exception, cfg) -> PeerLost | None:
     if hung:
         task = re.sub(r"/job:(\w+)/replica:\d+/task:(\d+)", r"\1 \2", hung.group(1))
         return PeerLost(f"{task} stopped answering for {cfg.cluster.peer_timeout:g} s (cluster.peer_timeout) "
-                        "mid-training")
+                        "mid-training", hung=True)
     if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError)) or "Collective ops is aborted" in text:
         cause = re.search(r"aborted by: ([^\n]+)", text) or re.search(r"([^\n]*(?:unavailable|failed to connect|"
                                                                        r"reset|closed)[^\n]*)", text, re.I)
