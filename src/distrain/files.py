@@ -151,16 +151,17 @@ def image_shape(data: bytes, where: str) -> list:
         raise ConfigError(f"{where} does not decode as an image ({exc}): replace it, or drop it") from None
 
 
-def _patterns(value) -> list:
+def patterns(value) -> list:
+    """data.train_files or data.test_files as a list of glob patterns."""
     return [value] if isinstance(value, str) else list(value or [])
 
 
-def match(patterns, key: str) -> list:
+def match(value, key: str) -> list:
     """The files the glob patterns match, sorted; a pattern that matches none is a ConfigError naming it."""
-    if not _patterns(patterns):
+    if not patterns(value):
         raise ConfigError(f"data=tfrecord needs {key}: set e.g. {key}='data/train-*.tfrecord'")
     found = []
-    for pattern in _patterns(patterns):
+    for pattern in patterns(value):
         hits = sorted(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
         if not hits:
             raise ConfigError(f"{key}: no file matches {pattern} (from {os.getcwd()}): fix the pattern, or give an "
@@ -278,7 +279,8 @@ def scan_images(data, seed: int) -> FileData:
     shape = image_shape(first.read_bytes(), str(first))
     if not data.image_size:  # every image must be alike: read the headers (no decoding)
         for path in train_files + test_files:
-            other = image_shape(Path(path).read_bytes()[:65536], path)
+            with open(path, "rb") as f:  # the header alone
+                other = image_shape(f.read(65536), path)
             if other[:2] != shape[:2]:
                 raise ConfigError(f"images differ in size ({first} is {shape[0]}x{shape[1]}, {path} is "
                                   f"{other[0]}x{other[1]}): set data.image_size=[H,W] to resize them all")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from . import files
 from .data import idx_header, train_idx_files
 from .errors import ConfigError
 
@@ -75,11 +76,9 @@ class FileReader:
             pipelines, index = (context.num_input_pipelines, context.input_pipeline_id) if context else (1, 0)
             batch = t.batch_size // pipelines
         files, labels = list(found.train_files), list(found.train_labels)
-        by_file = pipelines > 1 and len(files) >= pipelines
-        if by_file:  # (a tensor index under parameter servers: the same files are kept by a mask)
-            keep = [i % pipelines for i in range(len(files))]
-            ds = self._records(files, labels, shuffle=True, keep=(keep, index))
-        else:
+        if pipelines > 1 and len(files) >= pipelines:  # FILE: files index, index + pipelines, ...
+            ds = self._records(files, labels, shuffle=True, shard=(pipelines, index))
+        else:  # DATA: every file, one record in `pipelines`
             ds = self._records(files, labels, shuffle=True)
             if pipelines > 1:
                 ds = ds.shard(pipelines, index)
@@ -101,7 +100,8 @@ class FileReader:
     def _same_files(self):
         """A check, run where the worker reads its data: its data.train_files patterns match the files the
         launcher found for the coordinator, by name (a worker on another machine may see other files)."""
-        found = tf.concat([tf.io.matching_files(p) for p in _patterns(self.cfg.data.train_files)], 0)
+        patterns = [os.path.abspath(os.path.expanduser(p)) for p in files.patterns(self.cfg.data.train_files)]
+        found = tf.concat([tf.io.matching_files(p) for p in patterns], 0)
         expected = tf.constant(self.found.train_files)
         missing = tf.sparse.to_dense(tf.sets.difference([expected], [found]))[0]
         extra = tf.sparse.to_dense(tf.sets.difference([found], [expected]))[0]
@@ -123,25 +123,22 @@ class FileReader:
             if files >= pipelines else f"DATA: each reads all {files} training file(s) and keeps 1 record in "
             f"{pipelines} (fewer files than workers; as many files as workers would spare the reading)")
 
-    def _records(self, files: list, labels: list, shuffle: bool, keep=None) -> tf.data.Dataset:
+    def _records(self, files: list, labels: list, shuffle: bool, shard=None) -> tf.data.Dataset:
         """Image files: (path, label) pairs; TFRecord files: (file, index, serialized record), interleaved.
-        shuffle: the files in a new seeded order each pass. keep: (pipeline of each file, this one)."""
-        seed = self.cfg.trainer.seed
-        if self.found.kind == "images":
-            ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(labels, tf.int32)))
-            if keep is not None:
-                ds = ds.enumerate().filter(lambda i, pair: tf.gather(keep[0], i) == tf.cast(keep[1], tf.int32))
-                ds = ds.map(lambda i, pair: pair)
-            return ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if shuffle else ds
-        ds = tf.data.Dataset.from_tensor_slices(files)
-        if self.workers and self.training:  # on a parameter-server worker, before it reads any: the same files?
+        shuffle: the files in a new seeded order each pass. shard: (pipelines, this one), of the files."""
+        images = self.found.kind == "images"
+        slices = (files, tf.constant(labels, tf.int32)) if images else files
+        if self.workers and self.training and not images:  # a parameter-server worker, before it reads any
             ds = tf.data.Dataset.from_tensors(0).map(lambda _: self._same_files()).flat_map(
-                lambda _: tf.data.Dataset.from_tensor_slices(files))
-        if keep is not None:
-            ds = ds.enumerate().filter(lambda i, f: tf.gather(keep[0], i) == tf.cast(keep[1], tf.int32))
-            ds = ds.map(lambda i, f: f)
+                lambda _: tf.data.Dataset.from_tensor_slices(slices))
+        else:
+            ds = tf.data.Dataset.from_tensor_slices(slices)
+        if shard is not None:
+            ds = ds.shard(*shard)
         if shuffle:
-            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(len(files), seed=self.cfg.trainer.seed, reshuffle_each_iteration=True)
+        if images:
+            return ds
         return ds.interleave(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r)),
                              cycle_length=min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
@@ -231,11 +228,6 @@ def _check(ok, where, says, fix: str = "fix it, or remove it"):
         with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
             return tf.constant(False)
     return tf.cond(tf.reduce_all(ok), lambda: tf.constant(True), fail)
-
-
-def _patterns(value) -> list:
-    """Glob patterns, absolute as the launcher matched them (files.match)."""
-    return [os.path.abspath(os.path.expanduser(p)) for p in ([value] if isinstance(value, str) else list(value))]
 
 
 def bad_data(exc: Exception) -> ConfigError | None:
