@@ -229,10 +229,22 @@ def test_joblib_runs_jobs_side_by_side_and_summarises_them(tmp_path):
 
 
 @pytest.mark.slow
-def test_optuna_search_gets_each_trials_test_accuracy(tmp_path):
+def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_path):
+    """The shards written from an array source by `distrain write-tfrecords`, as a user moves to files."""
+    shards = tmp_path / "shards"
+    out = subprocess.run([DISTRAIN, "write-tfrecords", "data=synthetic", "data.train_examples=512",
+                          "data.test_examples=128", f"out={shards}", "shards=3"],
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(p.name for p in shards.iterdir()) == \
+        [f"test-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
     sweep_dir = tmp_path / "sweep"
-    out = multirun(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2", *TINY)
+    out = multirun(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+                   *(o for o in TINY if not o.startswith("data")), "data=tfrecord",
+                   f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert all(json.loads((sweep_dir / str(n) / "results.json").read_text())["data_source"] == "tfrecord"
+               for n in (0, 1))
     accuracies = [json.loads((sweep_dir / str(n) / "results.json").read_text())["test_accuracy"] for n in (0, 1)]
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_value"] == pytest.approx(max(accuracies))

@@ -243,6 +243,11 @@ def bad_data(exc: Exception) -> ConfigError | None:
         first = re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0][:200]
         return ConfigError(f"an image of the data files does not decode ({first}): find it with Pillow (PIL.Image"
                            ".open(path).load()) and replace or remove it")
+    if isinstance(exc, tf.errors.DataLossError):  # TFRecordDataset's framing or checksum, after the scan
+        first = re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0][:200]
+        return ConfigError(f"a TFRecord file of the data is corrupted or cut short ({first}): it changed after the "
+                           "launcher read its headers, or differs on this task's machine; rewrite it, and run again "
+                           "(the launcher names a file cut short)")
     return None
 
 
