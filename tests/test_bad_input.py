@@ -132,7 +132,19 @@ CASES = [
     ("virtual-100000", ["strategy=mirrored", "strategy.cpu_virtual_devices=100000"], "per core"),
     ("too-many-workers", [*MWMS, "cluster.workers=64", "trainer.batch_size=128"], "more than 8 per core"),
     # ---- names that are not among the choices ----
-    ("optimizer", ["optimizer=rmsprop"], "optimizer=rmsprop must be one of adam, sgd: set e.g. optimizer=adam"),
+    ("optimizer", ["optimizer=adamax"], "optimizer=adamax is not an option of optimizer (adam, adamw, rmsprop, sgd)"),
+    ("schedule-typo", ["schedul=cosine"], "schedul is not a key of the config: set e.g. schedule=constant"),
+    ("optimizer-key-of-other", ["optimizer.momentum=0.9"], "optimizer.momentum is not a key of optimizer (it has "),
+    ("momentum-range", ["optimizer=sgd", "optimizer.momentum=1.5"], "optimizer.momentum=1.5 must be at least 0 and"),
+    ("warmup-negative", ["schedule.warmup_steps=-1"], "schedule.warmup_steps=-1 must be 0 or more"),
+    ("warmup-both", ["schedule.warmup_steps=10", "schedule.warmup_epochs=1"], "schedule.warmup_steps=10 and "
+     "schedule.warmup_epochs=1.0 are both set: set one of them, the other 0"),
+    ("optimizer-module", ["optimizer._target_=nosuch.Opt"], "optimizer._target_=nosuch.Opt: there is no module nosuch"),
+    ("lr-scaling", ["trainer.lr_scaling=quadratic"], "trainer.lr_scaling=quadratic is not one of none, linear, sqrt"),
+    ("decay-zero", ["schedule=cosine", "schedule.decay_steps=0"], "schedule.decay_steps=0 must be a positive integer"),
+    ("warmup-too-long", ["schedule.warmup_epochs=2"], "the warm-up (250 steps) is not shorter than the run (125 steps)"),
+    ("optimizer-argument", ["optimizer._target_=tf_keras.optimizers.Adamax", "+optimizer.momentum=0.9"],
+     "optimizer._target_=tf_keras.optimizers.Adamax failed (TypeError: "),
     ("data-source", ["data.source=s3"], "data.source=s3 must be one of auto, bundled, keras, idx, npz, synthetic"),
     ("communication", [*MWMS, "strategy.communication=mpi"], "strategy.communication=mpi must be one of auto"),
     ("isolate", ["cluster.isolate=maybe"], "cluster.isolate=maybe is not one of auto, true, false"),
@@ -249,7 +261,7 @@ def _materialise(tmp_path, args):
     return [re.sub(r"\{\w+\}", lambda m: names[m.group(0)], a) for a in args], names
 
 
-NEEDS_TENSORFLOW = {"device-name", "idx-corrupt", "checkpoint-dir-file"}
+NEEDS_TENSORFLOW = {"device-name", "idx-corrupt", "checkpoint-dir-file", "warmup-too-long", "optimizer-argument"}
 # A few cases that fail before TensorFlow run as a user runs them too, in a process of their own.
 AS_A_USER = {"typo", "epochs-zero", "strategy-typo", "tf-config-json", "run-dir-under-file", "printed-cross"}
 

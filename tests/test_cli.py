@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import io
+import re
 import time
 import zipfile
 from pathlib import Path
@@ -89,6 +90,9 @@ def test_ctrl_c_stops_the_training_process(tmp_path):
         assert proc.wait(timeout=30) == 130
         time.sleep(0.5)
         assert _children_of(run_dir) == []
+        said = log.read_text()  # what the user did, and how to go on: not the SIGTERM the launcher sent
+        assert re.search(rf"^interrupted \(Ctrl-C\) at global step \d+: nothing saved \(trainer.save_model=false\); go "
+                         rf"on with trainer.resume=true hydra.run.dir={re.escape(str(run_dir))}$", said, re.M), said
     finally:
         if proc.poll() is None:
             proc.kill()

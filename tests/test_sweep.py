@@ -293,7 +293,8 @@ def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path
                        [sweep_dir / "0" / "logs" / "worker-0.log", sweep_dir / "1" / "logs" / "worker-0.log"])
     assert code == 130 and quiet_end(out), out[-3000:]
     for job in ("0", "1"):  # each training task stopped at a step, as SIGTERM asks, not killed mid-stop
-        assert re.search(rf"^\[#{job}\] stopped by SIGTERM at global step \d+", out, re.M), out[-3000:]
+        assert re.search(rf"^\[#{job}\] interrupted \(Ctrl-C\) at global step \d+: nothing saved \(trainer.save_model="
+                         rf"false\); go on with trainer.resume=true hydra.run.dir=\S+/{job}$", out, re.M), out[-3000:]
         assert json.loads((sweep_dir / job / "cluster.json").read_text())["status"] == "interrupted"
     for job in ("2", "3"):  # queued: they never started a task
         assert not (sweep_dir / job / "logs").exists()

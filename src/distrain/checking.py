@@ -66,8 +66,9 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     if name not in fields:
         close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         if close:
+            example = next(iter(SCHEMAS[close[0]])) if schema is Root else _example(schema, close[0])  # a group
             return (f"{full} is not a key of {parent or 'the config'}: "
-                    f"set e.g. {parent + '.' if parent else ''}{close[0]}={_example(schema, close[0])}")
+                    f"set e.g. {parent + '.' if parent else ''}{close[0]}={example}")
         return (f"{full} is not a key of {parent or 'the config'} (it has {', '.join(fields)}): drop it, "
                 "or pick another option of the group (`python train.py --help` lists them)")
     kind, example = _kind(schema, name), _example(schema, name)
@@ -108,6 +109,9 @@ def own_node(group: str, node: DictConfig) -> tuple[dict, dict]:
     if group == "model" and not node.get("_target_") and not node.get("path"):
         raise ConfigError("a model option needs _target_ (its builder) or path (a saved model): set e.g. "
                           "model._target_=mymodels.small_cnn")
+    if group in ("optimizer", "schedule") and not node.get("_target_"):
+        raise ConfigError(f"an {group} option of your own needs _target_ (its class): set e.g. {group}._target_="
+                          f"{OWN[group].__dataclass_fields__['_target_'].metadata['example']}")
     if group == "data" and not node.get("_target_"):
         raise ConfigError("a data option of your own needs _target_ (its loader): set e.g. data._target_=mydata.load, "
                           "or use data=npz data.path=FILE.npz")
@@ -144,11 +148,7 @@ def check(cfg: DictConfig) -> DictConfig:
                 raise ConfigError(f"{group}.{f.name}={_shown(value)} {rule.says}: "
                                   f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
         checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
-    try:
-        root = OmegaConf.merge(OmegaConf.structured(Root), {"optimizer": plain.optimizer})
-    except OmegaConfBaseException as exc:
-        raise ConfigError(explain(exc)) from None
-    return OmegaConf.create({**checked, "optimizer": root.optimizer.value})
+    return OmegaConf.create(checked)
 
 
 def describe(cfg: DictConfig) -> str:
@@ -168,5 +168,4 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"{group}:")
         lines += [line(schema, f.name, OmegaConf.select(node, f.name), "  ") for f in dataclasses.fields(schema)]
         lines += [f"  {k}: {_shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
-    lines.append(line(Root, "optimizer", cfg.get("optimizer"), ""))
     return "\n".join(lines)

@@ -50,9 +50,12 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.data.source == "npz" and not cfg.data.path:
         raise ConfigError("data=npz needs data.path: set data.path=mydata.npz (arrays x_train, y_train, x_test, "
                           "y_test)")
-    for group in ("model", "data"):
+    for group in ("model", "data", "optimizer", "schedule"):
         if cfg[group].get("_target_"):
             check_importable(f"{group}._target_", cfg[group]._target_)
+    if cfg.schedule.warmup_steps and cfg.schedule.warmup_epochs:
+        raise ConfigError(f"schedule.warmup_steps={cfg.schedule.warmup_steps} and schedule.warmup_epochs="
+                          f"{cfg.schedule.warmup_epochs} are both set: set one of them, the other 0")
     if cfg.model.get("path") and not Path(cfg.model.path).exists():
         raise ConfigError(f"model.path={cfg.model.path} does not exist: point it at a .keras file or a SavedModel "
                           "directory (a run's saved_model)")

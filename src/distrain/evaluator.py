@@ -15,7 +15,7 @@ def evaluate_checkpoints(cfg, run: RunDir) -> dict:
     training builds."""
     t = cfg.trainer
     data = load_data(cfg, tf.distribute.get_strategy(), run)
-    model, optimizer, probabilities = build(cfg, data, set_precision(t))
+    model, optimizer, probabilities, _ = build(cfg, data, set_precision(t))
     compile_model(model, optimizer, t, probabilities)
     test_ds = reader(cfg, data, training=False)()
     directory = run.checkpoints

@@ -117,18 +117,13 @@ def hits(labels, outputs):
     return tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=labels.dtype), labels), tf.float32)
 
 
-def make_optimizer(name: str, learning_rate: float, policy: str = "float32"):
-    optimizers = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD}
-    optimizer = optimizers[name](learning_rate=learning_rate)
-    if policy == "mixed_float16":  # float16 gradients underflow without loss scaling
-        optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
-    return optimizer
-
-
-def compile_model(model: keras.Model, optimizer, trainer, probabilities: bool = False) -> None:
+def compile_model(model: keras.Model, optimizer, trainer, probabilities: bool = False, plain: bool = False) -> None:
+    """For evaluate(), and so that a SavedModel can train on. plain: with Keras's own loss, which a process
+    without distrain can load (evaluate's needs the cast of a 16-bit output to float32: Crossentropy)."""
+    loss = keras.losses.SparseCategoricalCrossentropy if plain else Crossentropy
     model.compile(
         optimizer=optimizer,
-        loss=Crossentropy(from_logits=not probabilities),
+        loss=loss(from_logits=not probabilities),
         metrics=["accuracy"],
         steps_per_execution=trainer.steps_per_execution,
         jit_compile=False,  # evaluation only: XLA cannot compile its metric all-reduces on CPUs

@@ -127,7 +127,7 @@ class SyncEpochs:
 
 
 def learning_rate(optimizer) -> float:
-    """The optimizer's learning rate now (a schedule's at this step)."""
+    """The optimizer's learning rate: a schedule's at the last step taken (Keras keeps it so)."""
     rate = optimizer.learning_rate
     return float(keras.backend.get_value(rate(optimizer.iterations) if callable(rate) else rate))
 

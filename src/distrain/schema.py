@@ -52,11 +52,6 @@ def key(default, doc: str, check: Check | None = None, example=None):
     return field(default=default, metadata=meta)
 
 
-class Optimizer(StrEnum):  # str() and f-strings give the name
-    adam = "adam"
-    sgd = "sgd"
-
-
 class DataSource(StrEnum):  # str() and f-strings give the name
     auto = "auto"
     bundled = "bundled"
@@ -95,7 +90,13 @@ class Trainer:
     batch_size: int = key(128, "GLOBAL batch: each of N replicas gets batch_size / N", POSITIVE)
     steps_per_epoch: Optional[int] = key(None, "global steps an epoch (null: one pass over the training data); "
                                          "for data larger than a pass should take", POSITIVE, example=1000)
-    learning_rate: float = key(0.002, "the optimizer's learning rate", FINITE_POSITIVE)
+    learning_rate: float = key(0.002, "the learning rate (the schedule's initial one), for trainer.reference_batch_size "
+                               "under trainer.lr_scaling", FINITE_POSITIVE)
+    lr_scaling: str = key("none", "the learning rate grows with the global batch: linear (x batch / reference, "
+                          "Goyal et al. 2017; pair it with schedule.warmup_epochs), sqrt, or none",
+                          one_of("none", "linear", "sqrt"))
+    reference_batch_size: int = key(128, "the global batch trainer.learning_rate is meant for (trainer.lr_scaling)",
+                                    POSITIVE)
     seed: int = key(42, "seed of weights, shuffling and dropout", SEED)
     steps_per_execution: int = key(8, "training steps per tf.function call (parameter servers: per scheduled "
                                    "function, at least 4 per worker an epoch); more cuts per-call overhead", POSITIVE)
@@ -155,6 +156,124 @@ class Builder:
                                   "input_shape, num_classes and the node's other keys; returns a tf_keras.Model",
                                   TARGET, example="mymodels.small_cnn")
     path: Optional[str] = key(None, MODEL_PATH_DOC, example="outputs/DATE/TIME/saved_model")
+
+
+# ---- optimizer and learning-rate schedule -------------------------------------------------------------
+
+LEARNING_RATE_DOC = "called with learning_rate (trainer.learning_rate, or the schedule) and the keys below"
+NOT_NEGATIVE_NUMBER = Check(lambda v: math.isfinite(v) and v >= 0, "must be a finite number, 0 or more")
+CLIP = key(None, "clip each gradient to this norm (null: no clipping)", FINITE_POSITIVE, example=1.0)
+GLOBAL_CLIP = key(None, "clip the gradients together to this global norm (null: no clipping)", FINITE_POSITIVE,
+                  example=1.0)
+
+
+@dataclass
+class Adam:
+    _target_: str = key("tf_keras.optimizers.Adam", LEARNING_RATE_DOC)
+    name: str = key("adam", "Adam (Kingma and Ba)")
+    beta_1: float = key(0.9, "decay of the first-moment estimates", FRACTION)
+    beta_2: float = key(0.999, "decay of the second-moment estimates", FRACTION)
+    epsilon: float = key(1e-7, "added to the denominator, for numerical stability", FINITE_POSITIVE)
+    amsgrad: bool = key(False, "the AMSGrad variant")
+    clipnorm: Optional[float] = CLIP
+    global_clipnorm: Optional[float] = GLOBAL_CLIP
+
+
+@dataclass
+class AdamW(Adam):
+    _target_: str = key("tf_keras.optimizers.AdamW", LEARNING_RATE_DOC)
+    name: str = key("adamw", "Adam with decoupled weight decay (Loshchilov and Hutter)")
+    weight_decay: float = key(0.004, "decoupled weight decay, times the learning rate", NOT_NEGATIVE_NUMBER)
+
+
+@dataclass
+class Sgd:
+    _target_: str = key("tf_keras.optimizers.SGD", LEARNING_RATE_DOC)
+    name: str = key("sgd", "stochastic gradient descent, with momentum where set")
+    momentum: float = key(0.0, "momentum (0: plain SGD; 0.9 is common)", FRACTION)
+    nesterov: bool = key(False, "Nesterov momentum")
+    clipnorm: Optional[float] = CLIP
+    global_clipnorm: Optional[float] = GLOBAL_CLIP
+
+
+@dataclass
+class RMSprop:
+    _target_: str = key("tf_keras.optimizers.RMSprop", LEARNING_RATE_DOC)
+    name: str = key("rmsprop", "RMSprop")
+    rho: float = key(0.9, "decay of the moving average of squared gradients", FRACTION)
+    momentum: float = key(0.0, "momentum", FRACTION)
+    epsilon: float = key(1e-7, "added to the denominator, for numerical stability", FINITE_POSITIVE)
+    clipnorm: Optional[float] = CLIP
+    global_clipnorm: Optional[float] = GLOBAL_CLIP
+
+
+@dataclass
+class OwnOptimizer:
+    """An optimizer option of the user's own: `_target_` names a Keras optimizer class (or a function
+    returning one); its other keys are its arguments."""
+    _target_: Optional[str] = key(None, "the optimizer, module.Class: " + LEARNING_RATE_DOC + "; a "
+                                  "tf_keras.optimizers.Optimizer", TARGET, example="tf_keras.optimizers.Adamax")
+
+
+WARMUP_STEPS = key(0, "linear warm-up from 0 over the first N global steps (0: none)", NOT_NEGATIVE)
+WARMUP_EPOCHS = key(0.0, "the same in epochs (0: none); set one of warmup_steps and warmup_epochs",
+                    NOT_NEGATIVE_NUMBER)
+DECAY_STEPS = key(None, "global steps to decay over (null: the whole run, trainer.epochs x steps per epoch)",
+                  POSITIVE, example=1000)
+
+
+@dataclass
+class Constant:
+    _target_: Optional[str] = key(None, "none: trainer.learning_rate throughout (after any warm-up)")
+    name: str = key("constant", "the learning rate stays trainer.learning_rate")
+    warmup_steps: int = WARMUP_STEPS
+    warmup_epochs: float = WARMUP_EPOCHS
+
+
+@dataclass
+class Cosine:
+    _target_: str = key("tf_keras.optimizers.schedules.CosineDecay", "called with initial_learning_rate "
+                        "(trainer.learning_rate) and the keys below")
+    name: str = key("cosine", "cosine decay from trainer.learning_rate (Loshchilov and Hutter, SGDR)")
+    decay_steps: Optional[int] = DECAY_STEPS
+    alpha: float = key(0.0, "the last learning rate, a fraction of the first", Check(lambda v: 0 <= v <= 1,
+                                                                                     "must be from 0 to 1"))
+    warmup_steps: int = WARMUP_STEPS
+    warmup_epochs: float = WARMUP_EPOCHS
+
+
+@dataclass
+class Exponential:
+    _target_: str = key("tf_keras.optimizers.schedules.ExponentialDecay", "called with initial_learning_rate "
+                        "(trainer.learning_rate) and the keys below")
+    name: str = key("exponential", "the learning rate times decay_rate every decay_steps")
+    decay_steps: Optional[int] = DECAY_STEPS
+    decay_rate: float = key(0.1, "the factor over decay_steps", Check(lambda v: 0 < v <= 1,
+                                                                      "must be above 0 and at most 1"))
+    staircase: bool = key(False, "decay in steps of decay_steps, not smoothly")
+    warmup_steps: int = WARMUP_STEPS
+    warmup_epochs: float = WARMUP_EPOCHS
+
+
+@dataclass
+class Piecewise:
+    _target_: str = key("tf_keras.optimizers.schedules.PiecewiseConstantDecay", "called with the keys below")
+    name: str = key("piecewise", "constant learning rates between global-step boundaries")
+    boundaries: List[int] = key([1000, 2000], "the global steps where the rate changes")
+    values: List[float] = key([0.002, 0.0002, 0.00002], "the rates: one more than boundaries")
+    warmup_steps: int = WARMUP_STEPS
+    warmup_epochs: float = WARMUP_EPOCHS
+
+
+@dataclass
+class OwnSchedule:
+    """A schedule of the user's own: `_target_` names a tf_keras LearningRateSchedule (or a function
+    returning one); its other keys are its arguments."""
+    _target_: Optional[str] = key(None, "the schedule, module.Class: called with the keys of the node, and "
+                                  "initial_learning_rate (trainer.learning_rate) where it takes one",
+                                  TARGET, example="tf_keras.optimizers.schedules.PolynomialDecay")
+    warmup_steps: int = WARMUP_STEPS
+    warmup_epochs: float = WARMUP_EPOCHS
 
 
 # ---- data -------------------------------------------------------------------------------------------
@@ -354,7 +473,8 @@ class Root:
     data: Any = None
     trainer: Any = None
     cluster: Any = None
-    optimizer: Optimizer = key(Optimizer.adam, "adam or sgd; its learning rate is trainer.learning_rate")
+    optimizer: Any = None
+    schedule: Any = None
 
 
 # group -> option -> schema. A YAML option extends one of these (its `defaults:` names it).
@@ -366,6 +486,8 @@ SCHEMAS = {
     "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic, "npz": Npz, "tfrecord": TFRecord,
              "images": Images},
     "trainer": {"default": Trainer},
+    "optimizer": {"adam": Adam, "adamw": AdamW, "sgd": Sgd, "rmsprop": RMSprop},
+    "schedule": {"constant": Constant, "cosine": Cosine, "exponential": Exponential, "piecewise": Piecewise},
     "cluster": {"local": Local, "tf_config": TfConfig, "manual": Manual, "slurm": Slurm},
 }
 
@@ -379,7 +501,7 @@ def register() -> None:
 
 
 # Groups whose options may be the user's own: a node with a `_target_` that is no built-in option's.
-OWN = {"model": Builder, "data": Loader}
+OWN = {"model": Builder, "data": Loader, "optimizer": OwnOptimizer, "schedule": OwnSchedule}
 
 
 def label(node) -> str:

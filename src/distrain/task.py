@@ -76,7 +76,11 @@ def main(argv=None) -> int:
     except Preempted as exc:
         saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
         bar = "\n" if cfg.trainer.verbose == 1 and exc.mid_epoch else ""  # the progress bar's line ends first
-        print(f"{bar}stopped by SIGTERM at global step {exc}: {saved}; go on with trainer.resume=true", flush=True)
+        # The launcher records why it stops its tasks before it sends them SIGTERM (Ctrl-C: SIGINT, to it).
+        why = "interrupted (Ctrl-C)" if "SIGINT" in context.run.read_status().get("error", "") else \
+            "stopped by SIGTERM"
+        print(f"{bar}{why} at global step {exc}: {saved}; go on with trainer.resume=true "
+              f"hydra.run.dir={context.run.path}", flush=True)
         return 128 + signal.SIGTERM
     if context.chief:
         print(report.summary_line(results), flush=True)

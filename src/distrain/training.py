@@ -17,7 +17,8 @@ from .checkpoints import Checkpoints, Progress, resume, segments
 from .config import check_batch_divides
 from .context import RunContext
 from .errors import ConfigError, Diverged
-from .model import Crossentropy, build_model, check_model, compile_model, hits, make_optimizer
+from .model import Crossentropy, build_model, check_model, compile_model, hits
+from .optimizer import make_optimizer, plain_keras
 from .files import FileData
 from .pipeline import FileReader, InputReader, train_file_hashes
 from .process import Preempted, Preemption, scratch
@@ -103,7 +104,9 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     keras.utils.set_random_seed(t.seed)
     data = load_data(cfg, strategy, run)
     with strategy.scope():
-        model, optimizer, probabilities = build(cfg, data, policy)
+        model, optimizer, probabilities, line = build(cfg, data, policy)
+    if t.verbose and chief:
+        print(line, flush=True)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
     out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
@@ -117,7 +120,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     compile_model(model, optimizer, t, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test = model.evaluate(reader(cfg, data, training=False)(), steps=test_steps(data, t.batch_size), verbose=0)
     if t.save_model:
-        save_model(model, out.saved_model, data.class_names)
+        compile_model(model, optimizer, t, probabilities, plain=True)  # loads without distrain
+        save_model(model, out.saved_model, data.class_names, include_optimizer=plain_keras(optimizer))
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
     return report.results(cfg, data, progress, test, runner.describe(t.batch_size) | about(model, probabilities, policy)), \
@@ -147,12 +151,13 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
-    """(model, optimizer, whether the model outputs probabilities), built in the current strategy's scope."""
+    """(model, optimizer, whether the model outputs probabilities, a line saying the optimizer and its
+    learning rate), built in the current strategy's scope."""
     model = build_model(cfg.model, data.shape, data.classes)
     probabilities = check_model(model, data.sample, data.classes)  # (builds a subclassed model's variables)
-    optimizer = make_optimizer(cfg.optimizer, cfg.trainer.learning_rate, policy)
+    optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
-    return model, optimizer, probabilities
+    return model, optimizer, probabilities, line
 
 
 def about(model, probabilities: bool, policy: str) -> dict:
@@ -201,12 +206,13 @@ def per_worker_dataset(strategy, context: RunContext, data: Arrays | Files, cfg)
     return lambda: strategy.distribute_datasets_from_function(train)
 
 
-def save_model(model, path: Path, class_names=None) -> None:
+def save_model(model, path: Path, class_names=None, include_optimizer: bool = True) -> None:
     """The trained model as a SavedModel, with class_names.txt beside it where the data names its classes
     (an image folder's), one per line in the order of the outputs. One that cannot be saved so (some
-    subclassed models) is a warning: the run's training is done, and its checkpoints hold the weights."""
+    subclassed models) is a warning: the run's training is done, and its checkpoints hold the weights.
+    include_optimizer: false where the optimizer needs distrain to load (a warm-up or scaled rate)."""
     try:
-        model.save(str(path))
+        model.save(str(path), include_optimizer=include_optimizer)
         if class_names:
             storage.write_atomic(path / "class_names.txt", "\n".join(class_names) + "\n")
     except Exception as exc:  # noqa: BLE001 - whatever Keras cannot serialise
