@@ -142,6 +142,15 @@ CASES = [
     ("optimizer-module", ["optimizer._target_=nosuch.Opt"], "optimizer._target_=nosuch.Opt: there is no module nosuch"),
     ("lr-scaling", ["trainer.lr_scaling=quadratic"], "trainer.lr_scaling=quadratic is not one of none, linear, sqrt"),
     ("decay-zero", ["schedule=cosine", "schedule.decay_steps=0"], "schedule.decay_steps=0 must be a positive integer"),
+    ("metrics-misfit", ["loss=mean_squared_error"], "metrics.accuracy (tf_keras.metrics.SparseCategoricalAccuracy) "
+     "reads integer class labels, but loss=mean_squared_error reads other labels: set metrics=regression"),
+    ("metric-no-target", ["+metrics.foo=3"], "metrics.foo must be a metric's _target_ (module.Class)"),
+    ("metrics-typo", ["metric=regression"], "metric is not a key of the config: set e.g. metrics=accuracy"),
+    ("loss-option", ["loss=mse"], "loss=mse is not an option of loss (binary_crossentropy, categorical_crossentropy"),
+    ("from-logits", ["loss.from_logits=maybe"], "loss.from_logits=maybe is not one of auto, true, false"),
+    ("metric-module", ["+metrics.f1={_target_: nosuch.F1}"], "metrics.f1._target_=nosuch.F1: there is no module nosuch"),
+    ("one-hot-loss", ["loss=categorical_crossentropy", "metrics=categorical"], "loss=categorical_crossentropy reads "
+     "one-hot label rows (N, classes), not labels of shape (8000, 1): use loss=sparse_categorical_crossentropy"),
     ("warmup-too-long", ["schedule.warmup_epochs=2"], "the warm-up (250 steps) is not shorter than the run (125 steps)"),
     ("optimizer-argument", ["optimizer._target_=tf_keras.optimizers.Adamax", "+optimizer.momentum=0.9"],
      "optimizer._target_=tf_keras.optimizers.Adamax failed (TypeError: "),
@@ -261,7 +270,8 @@ def _materialise(tmp_path, args):
     return [re.sub(r"\{\w+\}", lambda m: names[m.group(0)], a) for a in args], names
 
 
-NEEDS_TENSORFLOW = {"device-name", "idx-corrupt", "checkpoint-dir-file", "warmup-too-long", "optimizer-argument"}
+NEEDS_TENSORFLOW = {"device-name", "idx-corrupt", "checkpoint-dir-file", "warmup-too-long", "optimizer-argument",
+                    "one-hot-loss"}
 # A few cases that fail before TensorFlow run as a user runs them too, in a process of their own.
 AS_A_USER = {"typo", "epochs-zero", "strategy-typo", "tf-config-json", "run-dir-under-file", "printed-cross"}
 

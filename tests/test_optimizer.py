@@ -125,7 +125,7 @@ def test_warmup_and_scaling_train_under_mirrored_and_the_model_loads_in_plain_ke
     """2 replicas, SGD with Nesterov momentum, cosine decay after a warm-up of half an epoch, the rate scaled
     with the batch: TensorBoard logs the schedule's rate at each epoch's end; the saved models load in a
     process without distrain (this run's without its optimizer, whose warm-up is distrain's)."""
-    from distrain.model import Crossentropy
+    from distrain.metrics import Float32
     from distrain.training import train
 
     cfg = small("strategy=mirrored", "strategy.cpu_virtual_devices=2", "model=mlp", "optimizer=sgd",
@@ -142,13 +142,13 @@ def test_warmup_and_scaling_train_under_mirrored_and_the_model_loads_in_plain_ke
     assert results["global_steps"] == 3 * steps and results["learning_rate"] == 0.05
 
     plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])  # the control: distrain's own loss
-    plain.compile(optimizer="sgd", loss=Crossentropy(from_logits=True))
+    plain.compile(optimizer="sgd", loss=Float32(keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
     plain.save(str(tmp_path / "distrain_loss"))
     _, default = train(small("trainer.save_model=true"), tmp_path / "default")
     said = load_in_plain_keras(tmp_path / "run" / "saved_model", tmp_path / "default" / "saved_model",
                                tmp_path / "distrain_loss")
     assert said[0] == "loads uncompiled" and said[1] == "loads SparseCategoricalCrossentropy Adam", said
-    assert said[2].startswith("fails ValueError Unknown loss function: 'distrain>Crossentropy'"), said
+    assert said[2].startswith("fails ValueError Unknown loss function: 'distrain>Float32'"), said
     x = np.random.default_rng(0).random((4, 28, 28, 1), np.float32)
     reloaded = keras.models.load_model(tmp_path / "run" / "saved_model")
     np.testing.assert_allclose(reloaded(x), model(x), atol=1e-6)

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
-from .schema import OWN, SCHEMAS, Root
+from .schema import METRICS, OWN, SCHEMAS, TARGET, Root
 
 
 def _kind(schema, name: str) -> str:
@@ -66,7 +66,7 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     if name not in fields:
         close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         if close:
-            example = next(iter(SCHEMAS[close[0]])) if schema is Root else _example(schema, close[0])  # a group
+            example = next(iter(SCHEMAS.get(close[0], METRICS))) if schema is Root else _example(schema, close[0])  # a group
             return (f"{full} is not a key of {parent or 'the config'}: "
                     f"set e.g. {parent + '.' if parent else ''}{close[0]}={example}")
         return (f"{full} is not a key of {parent or 'the config'} (it has {', '.join(fields)}): drop it, "
@@ -148,7 +148,23 @@ def check(cfg: DictConfig) -> DictConfig:
                 raise ConfigError(f"{group}.{f.name}={_shown(value)} {rule.says}: "
                                   f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
         checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
+    checked["metrics"] = check_metrics(plain.get("metrics"))
     return OmegaConf.create(checked)
+
+
+def check_metrics(node) -> dict:
+    """The metrics node: named entries, each a _target_ (module.Class) and that class's arguments."""
+    node = node or {}
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"metrics={node} is not named entries: choose an option (metrics=regression) or name each "
+                          "metric, e.g. +metrics.mae='{_target_: tf_keras.metrics.MeanAbsoluteError}'")
+    for name, entry in node.items():
+        target = entry.get("_target_") if isinstance(entry, DictConfig) else None
+        if not isinstance(target, str) or not TARGET.ok(target):
+            raise ConfigError(f"metrics.{name} must be a metric's _target_ (module.Class) and its arguments, not "
+                              f"{entry}: set e.g. metrics.{name}._target_=tf_keras.metrics.MeanAbsoluteError, or "
+                              f"remove it with ~metrics.{name}")
+    return OmegaConf.to_container(node)
 
 
 def describe(cfg: DictConfig) -> str:
@@ -168,4 +184,7 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"{group}:")
         lines += [line(schema, f.name, OmegaConf.select(node, f.name), "  ") for f in dataclasses.fields(schema)]
         lines += [f"  {k}: {_shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
+    lines.append("metrics:  (named entries: a tf_keras metric class each, and its arguments)")
+    for name, entry in (cfg.get("metrics") or {}).items():
+        lines.append(f"  {name}: {OmegaConf.to_container(entry) if isinstance(entry, DictConfig) else entry}")
     return "\n".join(lines)

@@ -19,8 +19,8 @@ class Progress:
     [loss sum, correct, examples] so far (over every worker), and the history of the finished ones."""
     epoch: int = 0
     step: int = 0
-    totals: list = field(default_factory=lambda: [0.0, 0.0, 0.0])
-    history: dict = field(default_factory=lambda: {"loss": [], "accuracy": []})
+    totals: list = field(default_factory=list)  # the epoch's sums so far (metrics.Tally; none yet: [])
+    history: dict = field(default_factory=dict)  # name -> a value per epoch: the loss, then each metric
     epoch_seconds: list = field(default_factory=list)
     seconds: float = 0.0  # spent training the current epoch so far
     restarts: int = 0  # times this run was resumed

@@ -56,7 +56,7 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     if code:
         return JobFailed(f"job {job} " + ("was interrupted" if code in INTERRUPTED else f"failed with exit status {code}"))
     results = RunDir(run_dir).read_results()
-    return results["test_accuracy"] if results else None
+    return results.get("test_accuracy") if results else None
 
 
 def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:

@@ -50,9 +50,12 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.data.source == "npz" and not cfg.data.path:
         raise ConfigError("data=npz needs data.path: set data.path=mydata.npz (arrays x_train, y_train, x_test, "
                           "y_test)")
-    for group in ("model", "data", "optimizer", "schedule"):
+    for group in ("model", "data", "optimizer", "schedule", "loss"):
         if cfg[group].get("_target_"):
             check_importable(f"{group}._target_", cfg[group]._target_)
+    for name, entry in (cfg.get("metrics") or {}).items():
+        check_importable(f"metrics.{name}._target_", entry._target_)
+    check_metrics_fit_loss(cfg)
     if cfg.schedule.warmup_steps and cfg.schedule.warmup_epochs:
         raise ConfigError(f"schedule.warmup_steps={cfg.schedule.warmup_steps} and schedule.warmup_epochs="
                           f"{cfg.schedule.warmup_epochs} are both set: set one of them, the other 0")
@@ -120,6 +123,29 @@ def check_devices_present(strategy: DictConfig) -> None:
         device = found and f"/{found[1].lower()}:{int(found[2])}"  # as TensorFlow names it
         if device and device not in have:
             raise ConfigError(missing_device(device, have))
+
+
+# Metrics that read integer class labels, and the built-in losses whose labels are something else.
+CLASS_INDEX_METRICS = ("tf_keras.metrics.SparseCategoricalAccuracy", "tf_keras.metrics.SparseTopKCategoricalAccuracy",
+                       "tf_keras.metrics.SparseCategoricalCrossentropy")
+OTHER_LABELS = {"categorical_crossentropy": "categorical", "binary_crossentropy": "binary",
+                "mean_squared_error": "regression", "mean_absolute_error": "regression", "huber": "regression"}
+
+
+def check_metrics_fit_loss(cfg) -> None:
+    """A metric of class indices beside a built-in loss of other labels would measure nonsense silently;
+    data in files holds class indices, which only the default loss reads."""
+    from .data import class_labels  # (data.py reads the config's helpers: imported here, not at the top)
+
+    loss = cfg.loss.get("name")
+    for name, entry in (cfg.get("metrics") or {}).items():
+        if loss in OTHER_LABELS and entry.get("_target_") in CLASS_INDEX_METRICS:
+            raise ConfigError(f"metrics.{name} ({entry._target_}) reads integer class labels, but loss={loss} reads "
+                              f"other labels: set metrics={OTHER_LABELS[loss]}, or remove it with ~metrics.{name}")
+    if cfg.data.source in ("tfrecord", "images") and not class_labels(cfg.loss):
+        raise ConfigError(f"data={cfg.data.source} holds integer class labels, which loss={loss or cfg.loss._target_} "
+                          "does not read: use loss=sparse_categorical_crossentropy with data in files (other labels: "
+                          "data=npz or a loader of your own)")
 
 
 def check_importable(key: str, target: str) -> None:

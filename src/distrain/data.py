@@ -76,7 +76,7 @@ def _download(url: str, dest: Path, timeout: float):
         return getattr(exc, "reason", exc)
 
 
-def load(data, seed: int):
+def load(data, seed: int, classes: bool = True):
     """((x_train, y_train), (x_test, y_test)): images (N, H, W, C), uint8 (0-255) or float32 (as they
     are), and integer labels from 0 to num_classes(data, ...) - 1. Bad data is a ConfigError."""
     source = data.source
@@ -105,7 +105,7 @@ def load(data, seed: int):
         splits = synthetic(data.train_examples, data.test_examples, seed)
     else:
         raise ConfigError(f"data.source={source!r} is unknown: use auto, bundled, keras, idx, npz or synthetic")
-    return _checked(splits, data)
+    return _checked(splits, data, classes)
 
 
 NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the layout of Keras's own mnist.npz
@@ -132,8 +132,11 @@ def _layout(value) -> str:
     return f"array{value.shape}" if hasattr(value, "shape") else type(value).__name__
 
 
-def num_classes(data, labels) -> int:
-    """data.num_classes, else one more than the largest label of these (the training and test labels)."""
+def num_classes(data, labels, classes: bool = True) -> int:
+    """data.num_classes, else one more than the largest label of these (the training and test labels);
+    classes=False: a label's size (the outputs a model needs: 1 for (N,) labels)."""
+    if not classes:
+        return data.get("num_classes") or int(np.prod(labels[0].shape[1:], dtype=int))
     return data.get("num_classes") or int(max(int(y.max()) for y in labels)) + 1
 
 
@@ -172,7 +175,13 @@ def idx_file(path: Path, split: str, kind: str) -> Path:
 FILE_SOURCES = ("tfrecord", "images")  # streamed from files (files.py, pipeline.FileReader), never loaded
 
 
-def check_files(data, seed: int = 0):
+def class_labels(loss_node) -> bool:
+    """Whether the config's loss reads integer class labels (the default loss): then the data's labels are
+    checked as such, and their classes counted."""
+    return loss_node._target_ == "tf_keras.losses.SparseCategoricalCrossentropy"
+
+
+def check_files(data, seed: int = 0, classes: bool = True):
     """The data files are there and sound (else ConfigError): a run, or a cluster, finds out before it
     starts. IDX files: the four are there; an .npz file: read and checked whole, as a task will; TFRecord
     files and image folders: scanned (files.FileData, returned)."""
@@ -185,7 +194,7 @@ def check_files(data, seed: int = 0):
             for kind in ("images", "labels"):
                 idx_file(Path(data.path), split, kind)
     elif data.source == "npz":
-        load(data, seed=0)
+        load(data, seed=0, classes=classes)
 
 
 def _read_idx_dir(path: Path):
@@ -259,9 +268,12 @@ def read_idx(path: Path) -> np.ndarray:
         raise ConfigError(f"IDX file {path} is corrupt ({exc}): replace it") from None
 
 
-def _checked(splits, data):
+def _checked(splits, data, classes: bool = True):
     """The splits with a channel axis, float images as float32 and labels as int32; or a ConfigError
-    naming what is wrong with them."""
+    naming what is wrong with them. classes=False (a loss of other labels): features of any shape
+    (N, ...) (a channel axis for (N, H, W) images), labels of any shape, integer or float."""
+    if not classes:
+        return _any_labels(splits, data)
     where = f"data from {data.path}" if data.source in ("npz", "idx") and data.get("path") else \
         f"data from {label(data)}" if data.source == "loader" else f"data from source {data.source}"
     out = []
@@ -301,6 +313,34 @@ def _checked(splits, data):
     if largest >= classes:
         raise ConfigError(f"{where} has label {largest}, but data.num_classes={classes}: set "
                           f"data.num_classes={largest + 1} or more, or null to count them")
+    return (x_train, y_train), (x_test, y_test)
+
+
+def _any_labels(splits, data):
+    """_checked(classes=False): one label (of any shape) per example, numbers; integer labels as int32,
+    others as float32; a label that is one number as a row of one, (N, 1)."""
+    where = f"data from {data.path}" if data.get("path") else f"data from {label(data)}"
+    out = []
+    for split, (features, labels) in zip(("train", "test"), splits):
+        features, labels = np.asarray(features), np.asarray(labels)
+        if features.ndim < 2 or len(features) == 0 or len(labels) != len(features):
+            raise ConfigError(f"{where}: x_{split} has shape {features.shape} and y_{split} {labels.shape}: give one "
+                              "example per row of x and one label per row of y")
+        for name, array in ((f"x_{split}", features), (f"y_{split}", labels)):
+            if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+                raise ConfigError(f"{where}: {name} is {array.dtype}, not numbers: give numeric arrays")
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                raise ConfigError(f"{where}: {name} holds NaN or infinite values: clean the data")
+        if features.dtype != np.uint8:
+            features = features.astype(np.float32, copy=False)
+        labels = labels.astype(np.int32 if np.issubdtype(labels.dtype, np.integer) else np.float32, copy=False)
+        labels = labels[:, None] if labels.ndim == 1 else labels  # (N, 1), as the model's outputs: a loss per example
+        out.append((features[..., None] if features.ndim == 3 else features, labels))
+    (x_train, y_train), (x_test, y_test) = out
+    if x_train.shape[1:] != x_test.shape[1:] or y_train.shape[1:] != y_test.shape[1:]:
+        raise ConfigError(f"{where}: the training split's examples and labels are {x_train.shape[1:]} and "
+                          f"{y_train.shape[1:]}, the test split's {x_test.shape[1:]} and {y_test.shape[1:]}: give "
+                          "both splits the same shapes")
     return (x_train, y_train), (x_test, y_test)
 
 

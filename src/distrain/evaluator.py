@@ -16,7 +16,7 @@ def evaluate_checkpoints(cfg, run: RunDir) -> dict:
     t = cfg.trainer
     data = load_data(cfg, tf.distribute.get_strategy(), run)
     model, optimizer, probabilities, _ = build(cfg, data, set_precision(t))
-    compile_model(model, optimizer, t, probabilities)
+    compile_model(model, optimizer, cfg, probabilities)
     test_ds = reader(cfg, data, training=False)()
     directory = run.checkpoints
     print(f"evaluator: waiting for checkpoints in {directory}", flush=True)
@@ -32,12 +32,12 @@ def evaluate_checkpoints(cfg, run: RunDir) -> dict:
         position = read_position(path)
         if position is None:  # pruned before we got to it
             continue
-        loss, accuracy = model.evaluate(test_ds, steps=test_steps(data, t.batch_size), verbose=0)
+        test = model.evaluate(test_ds, steps=test_steps(data, t.batch_size), verbose=0, return_dict=True)
         epoch, step = position.epoch, position.step  # epochs finished, steps into the next
-        evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "step": step, "loss": loss,
-                            "accuracy": accuracy})
+        evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "step": step, **test})
         where = f"epoch {epoch}" + (f" + {step} steps" if step else "")
-        print(f"evaluator: {where} ({Path(path).name}): test loss {loss:.4f}, accuracy {accuracy:.4f}", flush=True)
+        said = ", ".join(f"{name} {value:.4f}" for name, value in test.items())
+        print(f"evaluator: {where} ({Path(path).name}): test {said}", flush=True)
         if epoch >= t.epochs:
             break
     return {"checkpoint_dir": str(directory), "evaluations": evaluations}

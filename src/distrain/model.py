@@ -64,9 +64,11 @@ def build_model(node, input_shape, num_classes: int) -> keras.Model:
     return model
 
 
-def check_model(model: keras.Model, images, num_classes: int) -> bool:
+def check_model(model: keras.Model, images, num_classes: int, classes: bool = True) -> bool:
     """One forward pass on a few examples: the model takes these images and gives num_classes outputs.
-    Returns whether its outputs are probabilities (a softmax output layer) rather than logits."""
+    Returns whether its outputs are probabilities (a softmax output layer) rather than logits.
+    classes=False (a loss of other labels): the outputs' shape is the loss's to check (check_loss), and
+    a softmax or sigmoid last activation means probabilities."""
     sample = images[:2]
     try:
         outputs = model(tf.convert_to_tensor(sample), training=False)
@@ -74,6 +76,8 @@ def check_model(model: keras.Model, images, num_classes: int) -> bool:
         raise ConfigError(f"model {model.name} does not take images of shape {tuple(sample.shape[1:])} "
                           f"({reason(exc)}): build it for input_shape, which distrain passes to the builder") \
             from None
+    if not classes and isinstance(outputs, tf.Tensor):
+        return _last_activation(model) in ("softmax", "sigmoid")
     if not isinstance(outputs, tf.Tensor) or tuple(outputs.shape) != (len(sample), num_classes):
         shape = tuple(outputs.shape) if isinstance(outputs, tf.Tensor) else type(outputs).__name__
         raise ConfigError(f"model {model.name} outputs {shape} for a batch of {len(sample)}, not ({len(sample)}, "
@@ -82,19 +86,27 @@ def check_model(model: keras.Model, images, num_classes: int) -> bool:
     return _outputs_probabilities(model, outputs)
 
 
+def _last_activation(model: keras.Model) -> str:
+    """The activation of a functional or Sequential model's last layer ("softmax" for a Softmax layer)."""
+    if not getattr(model, "_is_graph_network", False):
+        return ""
+    last = model.layers[-1]
+    return "softmax" if isinstance(last, keras.layers.Softmax) else \
+        getattr(getattr(last, "activation", None), "__name__", "")
+
+
 def _outputs_probabilities(model: keras.Model, outputs) -> bool:
     """Softmax in the last layer (common in Keras code) means probabilities, not logits. A sigmoid there
     would train a multi-class model wrongly whichever loss we chose, so it is refused."""
-    if getattr(model, "_is_graph_network", False):  # functional or Sequential: the last layer is the output
-        last = model.layers[-1]
-        activation = getattr(getattr(last, "activation", None), "__name__", "")
-        if isinstance(last, keras.layers.Softmax) or activation == "softmax":
-            return True
-        if activation == "sigmoid":
-            raise ConfigError(f"model {model.name} ends with a sigmoid: give its last layer no activation (logits) "
-                              "or softmax, as a classifier of integer labels needs")
-        if activation:
-            return False  # logits, the norm
+    activation = _last_activation(model)  # functional or Sequential: the last layer is the output
+    if activation == "softmax":
+        return True
+    if activation == "sigmoid":
+        raise ConfigError(f"model {model.name} ends with a sigmoid: give its last layer no activation (logits) or "
+                          "softmax, as a classifier of integer labels needs (multi-label rows of 0/1: "
+                          "loss=binary_crossentropy metrics=binary)")
+    if activation:
+        return False  # logits, the norm
     # A subclassed model's last layer need not be its last operation (nor need a last layer without an
     # activation): probabilities are non-negative rows summing to 1.
     # Rows of a 16-bit softmax (mixed precision: bfloat16 keeps 8 bits) sum to 1 only within about 1%.
@@ -103,28 +115,18 @@ def _outputs_probabilities(model: keras.Model, outputs) -> bool:
     return bool(tf.reduce_all(outputs >= 0) and tf.reduce_all(tf.abs(rows - 1.0) < tolerance))
 
 
-@keras.saving.register_keras_serializable(package="distrain")
-class Crossentropy(keras.losses.SparseCategoricalCrossentropy):
-    """Sparse categorical cross-entropy of float32 outputs (a model's bfloat16 or float16 output is cast
-    first, as mixed precision wants), from logits or from probabilities."""
+def compile_model(model: keras.Model, optimizer, cfg, probabilities: bool = False, plain: bool = False) -> None:
+    """For evaluate(), and so that a SavedModel can train on, with the config's loss and metrics. plain:
+    Keras's own loss, which a process without distrain can load (evaluate's casts a 16-bit output to
+    float32 first)."""
+    from .metrics import make_loss, make_metrics
 
-    def call(self, y_true, y_pred):
-        return super().call(y_true, tf.cast(y_pred, tf.float32))
-
-
-def hits(labels, outputs):
-    """1.0 where the highest output (logit or probability) is the label, else 0.0."""
-    return tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=labels.dtype), labels), tf.float32)
-
-
-def compile_model(model: keras.Model, optimizer, trainer, probabilities: bool = False, plain: bool = False) -> None:
-    """For evaluate(), and so that a SavedModel can train on. plain: with Keras's own loss, which a process
-    without distrain can load (evaluate's needs the cast of a 16-bit output to float32: Crossentropy)."""
-    loss = keras.losses.SparseCategoricalCrossentropy if plain else Crossentropy
+    with model.distribute_strategy.scope():  # Keras wants a model's metrics made where its variables were
+        metrics = list(make_metrics(cfg.get("metrics")).values())
     model.compile(
         optimizer=optimizer,
-        loss=loss(from_logits=not probabilities),
-        metrics=["accuracy"],
-        steps_per_execution=trainer.steps_per_execution,
+        loss=make_loss(cfg.loss, probabilities, reduction="auto", plain=plain),
+        metrics=metrics,
+        steps_per_execution=cfg.trainer.steps_per_execution,
         jit_compile=False,  # evaluation only: XLA cannot compile its metric all-reduces on CPUs
     )

@@ -336,7 +336,7 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
     which is the cache: nothing is decoded twice.
     """
     n = n or len(labels)  # n: when images and labels are tensors of a size known only when they run
-    images, labels = tf.convert_to_tensor(images), tf.cast(tf.convert_to_tensor(labels), tf.int32)
+    images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)  # (int32 class labels: data.py)
     ds = tf.data.Dataset.range(n)
     if shard is not None:
         ds = ds.shard(*shard)

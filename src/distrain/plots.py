@@ -22,18 +22,20 @@ def _save(fig, path: Path) -> Path:
 
 
 def curves(results: dict, path: Path) -> Path:
-    """Training loss and accuracy per epoch, with the test accuracy for reference."""
+    """Training loss and the first metric (accuracy by default) per epoch, with their test values."""
     history = results["history"]
     epochs = range(1, len(history["loss"]) + 1)
-    fig, (loss, accuracy) = plt.subplots(1, 2, figsize=(10, 4))
+    metric = next((name for name in history if name != "loss"), "loss")
+    fig, (loss, other) = plt.subplots(1, 2, figsize=(10, 4))
     loss.plot(epochs, history["loss"], marker="o")
     loss.set(title="training loss", xlabel="epoch", ylabel="loss")
-    accuracy.plot(epochs, history["accuracy"], marker="o", label="training")
-    accuracy.axhline(results["test_accuracy"], color="tab:green", linestyle="--",
-                     label=f"test: {results['test_accuracy']:.2%}")
-    accuracy.set(title="accuracy", xlabel="epoch", ylabel="accuracy")
-    accuracy.legend()
-    for ax in (loss, accuracy):
+    other.plot(epochs, history[metric], marker="o", label="training")
+    test = results[f"test_{metric}"]
+    other.axhline(test, color="tab:green", linestyle="--",
+                  label=f"test: {test:.2%}" if metric == "accuracy" else f"test: {test:.4g}")
+    other.set(title=metric, xlabel="epoch", ylabel=metric)
+    other.legend()
+    for ax in (loss, other):
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     fig.suptitle(f"{results['strategy']}, {results['model']} on {results['data']}: "

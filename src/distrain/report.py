@@ -8,7 +8,8 @@ from .protocol import STARTED
 def results(cfg, data, progress, test: list, facts: dict) -> dict:
     """results.json: what ran (the config in brief, and `facts`: the strategy's replicas and workers, the
     model's size, the precision and kernels), how fast (over the epochs after the first) and how well.
-    data: training.Data; progress: checkpoints.Progress; test: [loss, accuracy] on the test split."""
+    data: training.Data; progress: checkpoints.Progress; test: Keras evaluate's {"loss": ..., each metric: ...}
+    on the test split."""
     t, f, history, seconds = cfg.trainer, facts, progress.history, progress.epoch_seconds
     found = {"strategy": cfg.strategy.name, "num_replicas": f["num_replicas"], "num_workers": f["num_workers"],
              "num_ps": f["num_ps"], "devices": f["devices"], "model": schema.label(cfg.model),
@@ -24,8 +25,9 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "examples_per_sec": throughput(data.steps * t.batch_size, seconds),
              "steps_per_sec": throughput(data.steps, seconds), "global_steps": f["global_steps"],
              "resumed_from_step": progress.resumed_from_step, "restarts": progress.restarts,
-             "test_accuracy": float(test[1]), "test_loss": float(test[0]), "final_train_loss": history["loss"][-1],
+             "test_loss": float(test["loss"]), "final_train_loss": history["loss"][-1],
              "history": history, "seed": t.seed}
+    found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}
     if getattr(data, "class_names", None):  # an image folder's: what each output means
         found["class_names"] = data.class_names
     return {**found, **facts}  # and the facts not named above: tensorflow_version, worker_steps
@@ -43,13 +45,30 @@ def seconds_since_start(moment: float | None) -> float | None:
     return round(moment - float(started), 3) if moment and started else None
 
 
+def _number(value) -> float:
+    """A metric's result: a number, or (per class) the mean of its numbers."""
+    import numpy as np
+
+    return float(np.mean(value))
+
+
+def headline(r: dict) -> str:
+    """The test result that says most: accuracy where the run measured it, else its first metric, else
+    its loss ("test accuracy 98.15%", "test mae 0.1234")."""
+    if "test_accuracy" in r:
+        return f"test accuracy {r['test_accuracy']:.2%}"
+    first = next((k for k in r if k.startswith("test_") and k not in ("test_loss", "test_examples")), "test_loss")
+    return f"test {first.removeprefix('test_')} {r[first]:.4g}"
+
+
 def summary_line(r: dict) -> str:
-    return (f"Test accuracy {r['test_accuracy']:.2%}, loss {r['test_loss']:.4f} | "
+    head = headline(r)
+    return (f"{head[0].upper()}{head[1:]}, loss {r['test_loss']:.4f} | "
             f"{r['train_seconds']:.1f} s training, {r['examples_per_sec']:,.0f} examples/s | "
             f"{r['num_replicas']} replica(s), {r['num_workers']} worker(s), {r['num_ps']} ps | "
             f"strategy={r['strategy']} model={r['model']} data={r['data']}({r['data_source']})")
 
 
 def short_line(r: dict) -> str:
-    return (f"test accuracy {r['test_accuracy']:.2%}, {r['examples_per_sec']:,.0f} examples/s, "
+    return (f"{headline(r)}, {r['examples_per_sec']:,.0f} examples/s, "
             f"{r['train_seconds']:.1f} s training")

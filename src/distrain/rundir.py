@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from . import storage
+from . import report, storage
 
 CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION, DATA = "config.yaml", "status.json", "results.json", "cluster.json", \
     "evaluation.json", "data.json"
@@ -159,6 +159,6 @@ class RunDir:
         how = {"ok": "ended ok", "failed": "failed", "interrupted": "was interrupted", "restarting": "was restarting"}
         words = how.get(status, "was stopped before it recorded how it ended")
         if status == "ok" and "global_steps" in results:
-            words += f" at global step {results['global_steps']}, test accuracy {results['test_accuracy']:.2%}"
+            words += f" at global step {results['global_steps']}, {report.headline(results)}"
         latest = self.latest_checkpoint()
         return words + (f"; its latest checkpoint is {latest}" if latest and status != "ok" else "")

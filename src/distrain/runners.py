@@ -20,12 +20,11 @@ KEPT = []
 
 
 
-def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, metrics: dict):
+def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tally):
     """A tf.function that runs `steps` training steps on this worker's replicas and returns this
-    worker's sums: [losses, each metric's values, examples]. loss_fn(labels, outputs): the loss of each
-    example (reduction "none"); metrics: {name: fn(labels, outputs)}, each example's value. The sums
-    stay local: Keras metrics would be synchronised across the workers at every step (multi-worker
-    mirrored) or live on the ps tasks."""
+    worker's sums (metrics.Tally: the losses, each metric's state, the examples). loss_fn(labels,
+    outputs): the loss of each example (reduction "none"). The sums stay local: Keras metrics would be
+    synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks."""
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
 
     @tf.function(jit_compile=jit_compile)
@@ -40,19 +39,16 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, met
         grads = tape.gradient(loss, model.trainable_variables)
         if scaled:
             grads = optimizer.get_unscaled_gradients(grads)
-        stats = tf.stack([tf.reduce_sum(losses), *(tf.reduce_sum(tf.cast(fn(labels, logits), tf.float32))
-                                                    for fn in metrics.values()),
-                          tf.cast(tf.shape(labels)[0], tf.float32)])
-        return grads, stats
+        return grads, losses, tf.cast(logits, tf.float32)
 
     def step(images, labels):
-        grads, stats = gradients(images, labels)
+        grads, losses, outputs = gradients(images, labels)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces across replicas
-        return stats
+        return tally.add(labels, outputs, losses)
 
     @tf.function
     def train_steps(iterator, steps):
-        totals = tf.zeros([len(metrics) + 2])
+        totals = tf.zeros([tally.size])
         for _ in tf.range(steps):
             per_replica = strategy.run(step, args=next(iterator))
             totals += tf.add_n(strategy.experimental_local_results(per_replica))
@@ -63,21 +59,21 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, met
 
 class SyncEpochs:
     """Synchronous strategies: every worker process makes each call itself. Gradients are all-reduced
-    inside every step; the sums of the loss and metrics (`names`, as make_train_steps returns them)
+    inside every step; the sums of the loss and metrics (the tally's, as make_train_steps returns them)
     only when asked for (checkpoints, epoch end)."""
 
     first_step_at = None  # time.time() when the first call returned
 
-    def __init__(self, strategy, train_steps, dataset, optimizer, names: list, per_call: int, progress: bool,
+    def __init__(self, strategy, train_steps, dataset, optimizer, tally, per_call: int, progress: bool,
                  workers: int = 1):
         self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
-        self.optimizer, self.names, self.per_call, self.progress = optimizer, names, per_call, progress
+        self.optimizer, self.tally, self.per_call, self.progress = optimizer, tally, per_call, progress
         self.workers = workers
 
     def begin(self, steps: int, done: int, carried: list) -> None:
         """An epoch of `steps` steps, `done` of them already (resumed), whose sums so far are `carried`."""
         self.local, self.carried, self.done = tf.zeros([len(carried)]), np.array(carried, np.float32), done
-        self.bar = keras.utils.Progbar(steps, stateful_metrics=self.names) if self.progress else None
+        self.bar = keras.utils.Progbar(steps, stateful_metrics=self.tally.names) if self.progress else None
         if self.bar and done:
             self.bar.update(done)
 
@@ -92,7 +88,7 @@ class SyncEpochs:
             if on_nan and not np.isfinite(self.local[0].numpy()):
                 on_nan(self.done)
             if self.bar and self.done < self.bar.target:  # this worker's running values
-                self.bar.update(self.done, means(self.names, self.local + self.carried), finalize=False)
+                self.bar.update(self.done, self.tally.values(self.local + self.carried), finalize=False)
             if stop and stop():
                 break
         return ran
@@ -104,7 +100,7 @@ class SyncEpochs:
     def end(self) -> list:
         totals = self.totals()
         if self.bar:  # the last update shows the whole cluster's values
-            self.bar.update(self.done, means(self.names, totals), finalize=True)
+            self.bar.update(self.done, self.tally.values(totals), finalize=True)
         return totals
 
     def epoch_line(self, steps: int) -> str:
@@ -132,11 +128,6 @@ def learning_rate(optimizer) -> float:
     return float(keras.backend.get_value(rate(optimizer.iterations) if callable(rate) else rate))
 
 
-def means(names: list, totals) -> list:
-    """[(name, mean per example)] of sums [one per name..., examples]."""
-    return [(name, float(total) / float(totals[-1])) for name, total in zip(names, totals)]
-
-
 def across_workers(strategy, local):
     """The sum of every worker's `local` (one all-reduce); a single process already holds it all."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -153,9 +144,9 @@ class AsyncEpochs:
     progress = False
     first_step_at = None  # time.time() when the first call returned
 
-    def __init__(self, strategy, train_steps, dataset_fn, model, optimizer, names: list, steps: int,
+    def __init__(self, strategy, train_steps, dataset_fn, model, optimizer, tally, steps: int,
                  steps_per_execution: int, workers: int, ps: int):
-        self.strategy, self.names, self.workers, self.ps = strategy, names, workers, ps
+        self.strategy, self.tally, self.workers, self.ps = strategy, tally, workers, ps
         print(placement_table(model.variables + optimizer.variables, ps), flush=True)
         # An epoch ends at a join(): with too few functions per epoch, workers idle while the last ones
         # finish. Keep at least 4 per worker.

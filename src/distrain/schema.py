@@ -276,6 +276,63 @@ class OwnSchedule:
     warmup_epochs: float = WARMUP_EPOCHS
 
 
+# ---- loss and metrics ---------------------------------------------------------------------------------
+
+FROM_LOGITS = key("auto", "whether the model outputs logits; auto: as its last activation says (softmax, sigmoid: "
+                  "probabilities)", one_of("auto", True, False))
+LOSS_DOC = "the loss class: called with the keys below (and reduction)"
+
+
+@dataclass
+class SparseCategoricalCrossentropy:
+    _target_: str = key("tf_keras.losses.SparseCategoricalCrossentropy", LOSS_DOC)
+    name: str = key("sparse_categorical_crossentropy", "single-label classification: integer labels 0..classes-1")
+    from_logits: Any = FROM_LOGITS
+
+
+@dataclass
+class CategoricalCrossentropy:
+    _target_: str = key("tf_keras.losses.CategoricalCrossentropy", LOSS_DOC)
+    name: str = key("categorical_crossentropy", "single-label classification: one-hot label rows")
+    from_logits: Any = FROM_LOGITS
+    label_smoothing: float = key(0.0, "label smoothing", FRACTION)
+
+
+@dataclass
+class BinaryCrossentropy:
+    _target_: str = key("tf_keras.losses.BinaryCrossentropy", LOSS_DOC)
+    name: str = key("binary_crossentropy", "binary or multi-label classification: rows of 0/1 labels, one output each "
+                    "(sigmoid)")
+    from_logits: Any = FROM_LOGITS
+    label_smoothing: float = key(0.0, "label smoothing", FRACTION)
+
+
+@dataclass
+class MeanSquaredError:
+    _target_: str = key("tf_keras.losses.MeanSquaredError", LOSS_DOC)
+    name: str = key("mean_squared_error", "regression: float targets")
+
+
+@dataclass
+class MeanAbsoluteError:
+    _target_: str = key("tf_keras.losses.MeanAbsoluteError", LOSS_DOC)
+    name: str = key("mean_absolute_error", "regression: float targets")
+
+
+@dataclass
+class Huber:
+    _target_: str = key("tf_keras.losses.Huber", LOSS_DOC)
+    name: str = key("huber", "regression, robust to outliers: squared below delta, linear above")
+    delta: float = key(1.0, "where the loss turns from squared to linear", FINITE_POSITIVE)
+
+
+@dataclass
+class OwnLoss:
+    """A loss of the user's own: `_target_` names a tf_keras Loss class; its other keys are its arguments."""
+    _target_: Optional[str] = key(None, "the loss, module.Class: a tf_keras.losses.Loss, called with the node's other "
+                                  "keys and reduction", TARGET, example="tf_keras.losses.LogCosh")
+
+
 # ---- data -------------------------------------------------------------------------------------------
 
 NUM_CLASSES = key(None, "classes (null: one more than the largest label)", POSITIVE, example=10)
@@ -475,6 +532,8 @@ class Root:
     cluster: Any = None
     optimizer: Any = None
     schedule: Any = None
+    loss: Any = None
+    metrics: Any = None  # {name: {_target_: a tf_keras metric class, its arguments}}: checked by checking.py
 
 
 # group -> option -> schema. A YAML option extends one of these (its `defaults:` names it).
@@ -488,6 +547,9 @@ SCHEMAS = {
     "trainer": {"default": Trainer},
     "optimizer": {"adam": Adam, "adamw": AdamW, "sgd": Sgd, "rmsprop": RMSprop},
     "schedule": {"constant": Constant, "cosine": Cosine, "exponential": Exponential, "piecewise": Piecewise},
+    "loss": {"sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
+             "categorical_crossentropy": CategoricalCrossentropy, "binary_crossentropy": BinaryCrossentropy,
+             "mean_squared_error": MeanSquaredError, "mean_absolute_error": MeanAbsoluteError, "huber": Huber},
     "cluster": {"local": Local, "tf_config": TfConfig, "manual": Manual, "slurm": Slurm},
 }
 
@@ -501,7 +563,11 @@ def register() -> None:
 
 
 # Groups whose options may be the user's own: a node with a `_target_` that is no built-in option's.
-OWN = {"model": Builder, "data": Loader, "optimizer": OwnOptimizer, "schedule": OwnSchedule}
+OWN = {"model": Builder, "data": Loader, "optimizer": OwnOptimizer, "schedule": OwnSchedule, "loss": OwnLoss}
+# The metrics group's options, each a dict of named entries (the default first), and the loss each fits.
+METRICS = {"accuracy": "sparse_categorical_crossentropy", "categorical": "categorical_crossentropy",
+           "binary": "binary_crossentropy", "regression": "mean_squared_error, mean_absolute_error, huber",
+           "none": "any loss"}
 
 
 def label(node) -> str:

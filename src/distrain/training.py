@@ -11,19 +11,21 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from . import cpu, files, report, storage
+from . import cpu, files, report, schema, storage
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, resume, segments
 from .config import check_batch_divides
 from .context import RunContext
 from .errors import ConfigError, Diverged
-from .model import Crossentropy, build_model, check_model, compile_model, hits
+from .data import class_labels
+from .metrics import Tally, check_labels, check_loss, make_loss, make_metrics
+from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
 from .files import FileData
 from .pipeline import FileReader, InputReader, train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .rundir import RunDir
-from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps, means
+from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
 from .strategy import configure_devices, gpu_capabilities, make_strategy, precision_policy
 
 
@@ -55,6 +57,7 @@ class Arrays(NamedTuple):
     train_examples = property(lambda self: len(self.y_train))
     test_examples = property(lambda self: len(self.y_test))
     sample = property(lambda self: self.x_train[:2])  # what check_model runs the model on
+    sample_labels = property(lambda self: self.y_train[:2])
     class_names = None
 
 
@@ -69,6 +72,7 @@ class Files(NamedTuple):
     train_examples = property(lambda self: self.found.train_examples)
     test_examples = property(lambda self: self.found.test_examples)
     class_names = property(lambda self: self.found.class_names)
+    sample_labels = property(lambda self: np.zeros(len(self.sample), np.int32))  # (class labels)
 
 
 def test_steps(data, batch_size: int) -> int | None:
@@ -117,10 +121,11 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     KEPT.append(runner)  # (never deleted: runners.KEPT)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard / "train" if t.tensorboard is True else None)
     model, optimizer = runner.finish(model, rebuild=lambda: build(cfg, data, policy)[:2])
-    compile_model(model, optimizer, t, probabilities)  # for evaluate(), and so that the SavedModel can train on
-    test = model.evaluate(reader(cfg, data, training=False)(), steps=test_steps(data, t.batch_size), verbose=0)
+    compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
+    test = model.evaluate(reader(cfg, data, training=False)(), steps=test_steps(data, t.batch_size), verbose=0,
+                          return_dict=True)
     if t.save_model:
-        compile_model(model, optimizer, t, probabilities, plain=True)  # loads without distrain
+        compile_model(model, optimizer, cfg, probabilities, plain=True)  # loads without distrain
         save_model(model, out.saved_model, data.class_names, include_optimizer=plain_keras(optimizer))
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
@@ -139,7 +144,8 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
         found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
         examples = found.train_examples
     else:
-        (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed)
+        (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, class_labels(cfg.loss))
+        check_labels(cfg.loss, y_train)
         examples = len(y_train)
     steps = t.get("steps_per_epoch") or examples // t.batch_size
     if steps == 0:
@@ -147,14 +153,17 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
                           f"examples: set trainer.batch_size={examples} or less, or trainer.steps_per_epoch")
     if cfg.data.source in data_lib.FILE_SOURCES:
         return Files(found, steps, FileReader(found, cfg).sample())
-    return Arrays(x_train, y_train, x_test, y_test, data_lib.num_classes(cfg.data, (y_train, y_test)), steps)
+    return Arrays(x_train, y_train, x_test, y_test,
+                  data_lib.num_classes(cfg.data, (y_train, y_test), class_labels(cfg.loss)), steps)
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
     """(model, optimizer, whether the model outputs probabilities, a line saying the optimizer and its
     learning rate), built in the current strategy's scope."""
     model = build_model(cfg.model, data.shape, data.classes)
-    probabilities = check_model(model, data.sample, data.classes)  # (builds a subclassed model's variables)
+    # (The forward pass builds a subclassed model's variables.)
+    probabilities = check_model(model, data.sample, data.classes, class_labels(cfg.loss))
+    check_loss(make_loss(cfg.loss, probabilities), data.sample_labels, model(data.sample), schema.label(cfg.loss))
     optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
     return model, optimizer, probabilities, line
@@ -171,13 +180,13 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     """The epochs' runner for this strategy: AsyncEpochs (parameter servers) or SyncEpochs (the others),
     with the loss (from probabilities where the model ends with a softmax) and the metrics they sum."""
     t = cfg.trainer
-    loss = Crossentropy(from_logits=not probabilities, reduction="none")
-    metrics = {"accuracy": hits}
-    names = ["loss", *metrics]
-    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, metrics)
+    loss = make_loss(cfg.loss, probabilities)
+    outputs = tf.cast(model(data.sample, training=False), tf.float32)
+    tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally)
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
-                             names, data.steps, t.steps_per_execution, context.workers, context.ps)
+                             tally, data.steps, t.steps_per_execution, context.workers, context.ps)
     else:
         # Resumed, the data goes on from the batch after the last one trained: the batches an
         # uninterrupted run would have seen.
@@ -185,7 +194,7 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
         if isinstance(data, Files) and context.workers > 1 and context.chief:
             print(train.sharding(context.workers), flush=True)
         runner = SyncEpochs(strategy, train_steps, strategy.distribute_datasets_from_function(train), optimizer,
-                            names, t.steps_per_execution, progress=t.verbose == 1, workers=context.workers)
+                            tally, t.steps_per_execution, progress=t.verbose == 1, workers=context.workers)
     if t.verbose:
         print(f"{data.steps} steps per epoch, up to {runner.per_call} per tf.function call", flush=True)
     return runner
@@ -236,7 +245,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
         if runner.progress:
             print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
         start = time.perf_counter()
-        runner.begin(steps, progress.step, progress.totals)
+        runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
         for calls in segments(progress.step, steps, runner.per_call, t.checkpoint_every_steps, epoch * steps):
             progress.step += runner.run(calls, on_nan=(lambda step, e=epoch: diverged(e, step)) if t.stop_on_nan
                                         else None, stop=Preemption.due)
@@ -249,12 +258,13 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
                 raise Preempted(epoch * steps + progress.step, mid_epoch=True)
         totals = runner.end()
         progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
-        for name, mean in means(runner.names, totals):
-            history.setdefault(name, []).append(mean)
+        for name, value in runner.tally.values(totals):
+            history.setdefault(name, []).append(value)
         progress.epoch, progress.step, progress.totals, progress.seconds = epoch + 1, 0, [0.0] * len(totals), 0.0
         if t.verbose and not runner.progress:
+            values = " - ".join(f"{name}: {history[name][-1]:.4f}" for name in runner.tally.names)
             print(f"Epoch {epoch + 1}/{t.epochs} - {runner.epoch_line(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
-                  f"loss: {history['loss'][-1]:.4f} - accuracy: {history['accuracy'][-1]:.4f}", flush=True)
+                  f"{values}", flush=True)
         if saves:
             saves.save(progress, (epoch + 1) * steps)
         if Preemption.requested and epoch + 1 < t.epochs:

@@ -1,0 +1,176 @@
+"""What training measures: the loss and the metrics the config names (tf_keras classes by `_target_`),
+and the sums that carry them across replicas, workers and checkpoints (Tally).
+
+A Keras metric is a few state variables that only ever grow by sums (a mean's total and count, a
+precision's true and false positives, an AUC's confusion counts) and a result computed from them. A
+training step here returns each metric's growth for its batch instead of updating variables: the
+sums of every replica and worker add up to the state of the whole epoch, and the result is computed
+once from that, as one metric seeing every example would (never an average of averages)."""
+import copy
+
+import tensorflow as tf
+import tf_keras as keras
+from omegaconf import OmegaConf
+
+from .config import instantiate, reason
+from .errors import ConfigError
+
+def make_loss(node, probabilities: bool, reduction: str = "none", plain: bool = False):
+    """The config's loss, of float32 outputs (a 16-bit output is cast first, as mixed precision wants).
+    from_logits=auto: as the model's last activation says (softmax or sigmoid: probabilities).
+    plain: the Keras loss itself (what a saved model is compiled with, to load without distrain)."""
+    arguments = OmegaConf.masked_copy(node, [k for k in node if k != "name"])
+    if arguments.get("from_logits") == "auto":
+        arguments.from_logits = not probabilities
+    loss = instantiate("loss._target_", arguments, "it must name a tf_keras loss class (or a function returning "
+                       "one) taking the loss node's other keys", reduction=reduction)
+    if not isinstance(loss, keras.losses.Loss):
+        raise ConfigError(f"loss._target_={node._target_} returned {type(loss).__name__}, not a tf_keras loss: name "
+                          "a tf_keras.losses class, or wrap a function in tf_keras.losses.LossFunctionWrapper")
+    return loss if plain else Float32(loss, reduction)
+
+
+@keras.saving.register_keras_serializable(package="distrain")
+class Float32(keras.losses.Loss):
+    """A Keras loss of float32 outputs."""
+
+    def __init__(self, loss, reduction="auto", name=None):
+        if isinstance(loss, dict):
+            loss = keras.losses.deserialize(loss)
+        super().__init__(reduction=reduction, name=name or loss.name)
+        self.loss = loss
+
+    def call(self, y_true, y_pred):
+        return self.loss.call(y_true, tf.cast(y_pred, tf.float32))
+
+    def get_config(self):
+        return {**super().get_config(), "loss": keras.losses.serialize(self.loss)}
+
+
+def check_labels(node, labels) -> None:
+    """Labels a built-in cross-entropy would misread without an error: class indices given to the
+    one-hot loss (a model of one output, whose softmax is always 1)."""
+    if node._target_ == "tf_keras.losses.CategoricalCrossentropy" and (labels.ndim != 2 or labels.shape[1] < 2):
+        raise ConfigError(f"loss=categorical_crossentropy reads one-hot label rows (N, classes), not labels of shape "
+                          f"{labels.shape}: use loss=sparse_categorical_crossentropy for class indices")
+
+
+def check_loss(loss, labels, outputs, name: str) -> None:
+    """The loss takes the model's outputs for these labels, one value per example; else a ConfigError."""
+    try:
+        values = loss(tf.convert_to_tensor(labels), outputs)
+        ok = tuple(values.shape) == (len(labels),)
+    except Exception as exc:  # noqa: BLE001 - whatever the loss makes of them
+        ok, why = False, f" ({reason(exc)})"
+    else:
+        why = f" (it gives values of shape {tuple(values.shape)}, not one per example)"
+    if not ok:
+        raise ConfigError(f"loss={name} does not fit the model's outputs {tuple(outputs.shape)} and the labels "
+                          f"{tuple(labels.shape)}{why}: give the model's last layer as many units as a label has values "
+                          "(num_classes, which distrain passes to the builder), or choose the loss for these labels")
+
+
+def make_metrics(node) -> dict:
+    """{name: a new tf_keras Metric} for the config's metrics node, in its order; each named by its entry
+    (as Keras's evaluate reports it) unless the entry names it."""
+    metrics = {}
+    for name, entry in (node or {}).items():
+        if not OmegaConf.is_dict(entry) or not entry.get("_target_"):
+            raise ConfigError(f"metrics.{name} is not a metric: give it a _target_, e.g. metrics.{name}._target_="
+                              "tf_keras.metrics.MeanAbsoluteError, or remove it with ~metrics." + str(name))
+        extra = {} if "name" in entry else {"name": str(name)}
+        metric = instantiate(f"metrics.{name}._target_", entry, "it must name a tf_keras metric class taking the "
+                             "entry's other keys", **extra)
+        if not isinstance(metric, keras.metrics.Metric):
+            raise ConfigError(f"metrics.{name}._target_={entry._target_} returned {type(metric).__name__}, not a "
+                              "tf_keras metric: name a tf_keras.metrics class, or wrap a function of (y_true, y_pred) "
+                              "in tf_keras.metrics.MeanMetricWrapper")
+        metrics[str(name)] = metric
+    return metrics
+
+
+class _Growth:
+    """Stands for a metric's state variable while the metric takes a batch: it adds up what the metric
+    adds to the variable (assign_add) and reads as that sum."""
+
+    def __init__(self, variable):
+        self.shape, self.dtype = variable.shape, variable.dtype
+        self.total = tf.zeros(variable.shape, variable.dtype)
+
+    def assign_add(self, value, *args, **kwargs):
+        self.total = self.total + tf.cast(value, self.dtype)
+        return self.total
+
+    def assign(self, value, *args, **kwargs):
+        raise NotSummable()
+
+
+class NotSummable(Exception):
+    """A metric whose state is not only added to."""
+
+
+tf.register_tensor_conversion_function(_Growth, lambda growth, dtype=None, name=None, as_ref=False: growth.total)
+
+
+def _state(metric) -> list:
+    """The metric's state variables, as (attribute name, variable), in a fixed order."""
+    return sorted((name, value) for name, value in vars(metric).items() if isinstance(value, tf.Variable))
+
+
+def growth(metric, labels, outputs) -> list:
+    """What one batch adds to each of the metric's state variables (tensors, in _state's order)."""
+    shadow = copy.copy(metric)  # the same metric, with stand-ins for its variables
+    stand_ins = []
+    for name, variable in _state(metric):
+        stand_ins.append(_Growth(variable))
+        object.__setattr__(shadow, name, stand_ins[-1])
+    type(metric).update_state(shadow, labels, outputs)  # the class's own, unwrapped (not bound to `metric`)
+    return [stand_in.total for stand_in in stand_ins]
+
+
+class Tally:
+    """The sums an epoch keeps: [the loss of every example, each metric's state variables flattened,
+    the examples]. `add` gives a batch's; `values` turns sums into the loss per example and each
+    metric's result."""
+
+    def __init__(self, metrics: dict, labels, outputs):
+        """metrics: make_metrics(); labels, outputs: a sample batch, to build each metric and check that
+        it can be summed (a ConfigError names one that cannot)."""
+        self.metrics = metrics
+        for name, metric in metrics.items():
+            try:
+                metric.update_state(labels, outputs)  # builds a metric that makes its variables lazily
+                metric.reset_state()
+                tf.function(lambda y, p, m=metric: growth(m, y, p))(labels, outputs)
+            except NotSummable:
+                raise ConfigError(f"metrics.{name} ({type(metric).__name__}) keeps a state that is not a sum, which "
+                                  "cannot be added up across replicas and workers: use another metric") from None
+            except Exception as exc:  # noqa: BLE001 - whatever the metric makes of these labels and outputs
+                raise ConfigError(f"metrics.{name} ({type(metric).__name__}) does not take labels of shape "
+                                  f"{tuple(labels.shape)} and outputs of shape {tuple(outputs.shape)} ({reason(exc)}): "
+                                  "use a metric for these labels (metrics=... in `python train.py --help`)") from None
+        self.shapes = {name: [v.shape for _, v in _state(m)] for name, m in metrics.items()}
+        self.size = 2 + sum(int(s.num_elements()) for shapes in self.shapes.values() for s in shapes)
+        self.names = ["loss", *metrics]
+
+    def add(self, labels, outputs, losses):
+        """A batch's sums, one vector (float32)."""
+        parts = [tf.reshape(tf.reduce_sum(tf.cast(losses, tf.float32)), [1])]
+        for metric in self.metrics.values():
+            parts += [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in growth(metric, labels, outputs)]
+        parts.append(tf.reshape(tf.cast(tf.shape(labels)[0], tf.float32), [1]))
+        return tf.concat(parts, 0)
+
+    def values(self, totals) -> list:
+        """[(name, value)]: the loss per example, and each metric's result from its summed state."""
+        totals = [float(v) for v in totals]
+        found, at = [("loss", totals[0] / totals[-1] if totals[-1] else float("nan"))], 1
+        for name, metric in self.metrics.items():
+            for (_, variable), shape in zip(_state(metric), self.shapes[name]):
+                n = int(shape.num_elements())
+                variable.assign(tf.reshape(tf.constant(totals[at:at + n], variable.dtype), shape))
+                at += n
+            result = metric.result()
+            found.append((name, float(tf.reduce_mean(tf.cast(result, tf.float32)))))  # (per-class: their mean)
+            metric.reset_state()
+        return found

@@ -1,0 +1,154 @@
+"""Any Keras task, not only classification of images: the loss and metrics by `_target_` (regression,
+multi-label, one-hot labels), labels and features of any shape, metrics summed as states across
+replicas and workers, and a trained model that plain Keras loads."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from distrain.checking import check
+from distrain.metrics import Tally, make_metrics
+from helpers import RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli
+
+MODELS = '''
+import tf_keras as keras
+
+
+def dense(input_shape, num_classes, width=32, activation=None):
+    """Features of any shape in, num_classes outputs (a label's size: 1 for a number)."""
+    return keras.Sequential([keras.Input(shape=input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(num_classes, activation=activation)], name="dense")
+'''
+
+
+def test_metric_states_summed_over_replicas_give_the_metric_of_the_whole_batch():
+    """Two replicas each see half the batch; their states summed give what one metric over the whole
+    batch gives, for a mean (MAE), a ratio of counts (precision) and a curve (AUC)."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, (64, 3)).astype(np.float32)
+    outputs = np.clip(labels * 0.3 + rng.random((64, 3)) * 0.7, 0, 1).astype(np.float32)
+    node = make_cfg("metrics=binary", "+metrics.precision={_target_: tf_keras.metrics.Precision}",
+                    "+metrics.mae={_target_: tf_keras.metrics.MeanAbsoluteError}").metrics
+    tally = Tally(make_metrics(node), labels[:2], outputs[:2])
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((labels, outputs)).batch(64))
+
+    @tf.function
+    def sums(batch):
+        per_replica = strategy.run(lambda y, p: tally.add(y, p, tf.zeros([tf.shape(y)[0]])), args=batch)
+        return tf.add_n(strategy.experimental_local_results(per_replica))
+
+    summed = dict(tally.values(sums(next(iter(dataset)))))
+    whole = {}
+    for name, metric in make_metrics(node).items():  # one metric seeing the whole batch
+        metric.update_state(labels, outputs)
+        whole[name] = float(metric.result())
+    assert summed.keys() - {"loss"} == whole.keys() == {"accuracy", "auc", "precision", "mae"}
+    for name, value in whole.items():
+        assert summed[name] == pytest.approx(value, abs=1e-6), name
+    halves = []  # the control: the mean of each half's AUC is not the AUC of the whole
+    for part in (slice(0, 32), slice(32, 64)):
+        auc = keras.metrics.AUC()
+        auc.update_state(labels[part], outputs[part])
+        halves.append(float(auc.result()))
+    assert abs(np.mean(halves) - whole["auc"]) > 1e-3
+
+
+def test_a_metric_that_cannot_be_summed_is_one_line():
+    from distrain.errors import ConfigError
+
+    class Last(keras.metrics.Metric):  # keeps the last batch's value: not a sum
+        def __init__(self, name="last"):
+            super().__init__(name=name)
+            self.last = self.add_weight(name="last", initializer="zeros")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            return self.last.assign(tf.reduce_mean(y_pred))
+
+        def result(self):
+            return self.last
+
+    with pytest.raises(ConfigError, match=r"metrics.last \(Last\) keeps a state that is not a sum"):
+        Tally({"last": Last()}, np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32))
+
+
+def regression_data(path, n=1200, features=8, seed=0):
+    """Tabular rows and a float target: a fixed smooth function of them, plus a little noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    y = (x[:, 0] - 0.5 * x[:, 1] + 0.25 * x[:, 2] * x[:, 3] + 0.05 * rng.normal(size=n)).astype(np.float32)
+    np.savez(path, x_train=x[:1000], y_train=y[:1000], x_test=x[1000:], y_test=y[1000:])
+    return path
+
+
+PLAIN_PREDICT = """
+import sys
+import numpy as np
+import tf_keras as keras
+model = keras.models.load_model(sys.argv[1])
+x = np.load(sys.argv[2])["x_test"][:5]
+print(type(model.loss).__name__, type(model.optimizer).__name__, model.predict(x, verbose=0).shape)
+"""
+
+
+@pytest.mark.slow
+def test_regression_on_tabular_rows_trains_on_a_cluster_and_loads_in_plain_keras(tmp_path):
+    """A user's model on (N, 8) float rows with a float target, mean squared error, MAE and RMSE, on a
+    local multi_worker_mirrored cluster of 2 workers; the SavedModel predicts in plain Keras."""
+    (tmp_path / "mymodels.py").write_text(MODELS)
+    npz = regression_data(tmp_path / "rows.npz")
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, "data=npz", f"data.path={npz}", "model._target_=mymodels.dense", "loss=mean_squared_error",
+                  "metrics=regression", "strategy=multi_worker_mirrored", "cluster.workers=2", "optimizer=adam",
+                  "trainer.learning_rate=0.01", "trainer.epochs=8", "trainer.batch_size=50", "trainer.verbose=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["input_shape"] == [8] and results["num_classes"] == 1
+    assert set(results["history"]) == {"loss", "mae", "rmse"} and "test_accuracy" not in results
+    baseline = float(np.var(np.load(npz)["y_test"]))  # the error of always predicting the mean
+    assert results["test_loss"] < 0.3 * baseline, results
+    assert results["test_rmse"] == pytest.approx(np.sqrt(results["test_loss"]), rel=1e-3)  # two measures, one error
+    assert results["history"]["rmse"][-1] < results["history"]["rmse"][0]
+    assert "Test mae " in out.stdout + out.stderr and " - mae: " in out.stdout + out.stderr
+    said = subprocess.run([sys.executable, "-c", PLAIN_PREDICT, str(run_dir / "saved_model"), str(npz)],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert said.returncode == 0 and said.stdout.split("\n")[0] == "MeanSquaredError Adam (5, 1)", said.stderr[-2000:]
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_multi_label_rows_train_with_binary_crossentropy_and_a_sigmoid(tmp_path):
+    """Multi-hot labels (N, 3), a sigmoid output layer (no longer refused: the loss reads probabilities),
+    binary accuracy and AUC, in-process on 2 replicas."""
+    from distrain.training import train
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(1200, 6)).astype(np.float32)
+    y = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0, x[:, 3] * x[:, 4] > 0], axis=1).astype(np.float32)
+    np.savez(tmp_path / "multi.npz", x_train=x[:1000], y_train=y[:1000], x_test=x[1000:], y_test=y[1000:])
+    cfg = check(make_cfg("data=npz", f"data.path={tmp_path / 'multi.npz'}", "model._target_=test_task_models.dense",
+                   "+model.activation=sigmoid", "loss=binary_crossentropy", "metrics=binary",
+                   "strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.learning_rate=0.01",
+                   "trainer.epochs=6", "trainer.batch_size=50", "trainer.verbose=0", "trainer.save_model=false"))
+    sys.modules.setdefault("test_task_models", _module(MODELS))
+    results, model = train(cfg, tmp_path / "run")
+    assert results["num_classes"] == 3 and results["model_outputs"] == "probabilities"
+    assert results["test_accuracy"] > 0.8 and results["test_auc"] > 0.85, results
+    probabilities = model(x[1000:1010]).numpy()
+    assert ((probabilities >= 0) & (probabilities <= 1)).all()
+
+
+def _module(source: str):
+    import types
+
+    module = types.ModuleType("test_task_models")
+    exec(source, module.__dict__)
+    return module
