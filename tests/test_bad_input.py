@@ -144,13 +144,21 @@ CASES = [
     ("decay-zero", ["schedule=cosine", "schedule.decay_steps=0"], "schedule.decay_steps=0 must be a positive integer"),
     ("metrics-misfit", ["loss=mean_squared_error"], "metrics.accuracy (tf_keras.metrics.SparseCategoricalAccuracy) "
      "reads integer class labels, but loss=mean_squared_error reads other labels: set metrics=regression"),
-    ("metric-no-target", ["+metrics.foo=3"], "metrics.foo must be a metric's _target_ (module.Class)"),
+    ("metric-no-target", ["+metrics.foo=3"], "metrics.foo must be a _target_ (module.Class) and its arguments"),
     ("metrics-typo", ["metric=regression"], "metric is not a key of the config: set e.g. metrics=accuracy"),
     ("loss-option", ["loss=mse"], "loss=mse is not an option of loss (binary_crossentropy, categorical_crossentropy"),
     ("from-logits", ["loss.from_logits=maybe"], "loss.from_logits=maybe is not one of auto, true, false"),
     ("metric-module", ["+metrics.f1={_target_: nosuch.F1}"], "metrics.f1._target_=nosuch.F1: there is no module nosuch"),
     ("one-hot-loss", ["loss=categorical_crossentropy", "metrics=categorical"], "loss=categorical_crossentropy reads "
      "one-hot label rows (N, classes), not labels of shape (8000, 1): use loss=sparse_categorical_crossentropy"),
+    ("monitor-needs-validation", ["callbacks=early_stopping"], "callbacks.early_stopping monitors val_loss, which "
+     "only validation gives: set trainer.validate_every=1"),
+    ("monitor-unknown", ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val_acc",
+                         "trainer.validate_every=1"], "callbacks.early_stopping monitors val_acc, which the run does "
+     "not log (it logs loss, accuracy, val_loss, val_accuracy)"),
+    ("callback-module", ["+callbacks.log={_target_: nosuch.Log}"], "callbacks.log._target_=nosuch.Log: there is no "
+     "module nosuch"),
+    ("validate-negative", ["trainer.validate_every=-1"], "trainer.validate_every=-1 must be 0 or more"),
     ("warmup-too-long", ["schedule.warmup_epochs=2"], "the warm-up (250 steps) is not shorter than the run (125 steps)"),
     ("optimizer-argument", ["optimizer._target_=tf_keras.optimizers.Adamax", "+optimizer.momentum=0.9"],
      "optimizer._target_=tf_keras.optimizers.Adamax failed (TypeError: "),

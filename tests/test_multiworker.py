@@ -126,13 +126,13 @@ def check_forked(run_dir):
 
 
 def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_then_restart_the_cluster(tmp_path):
-    """cluster.max_restarts=1 within cluster.restart_window=3 s, three workers. Each lost in turn (0, 1,
+    """cluster.max_restarts=1 within cluster.restart_window=6 s, three workers. Each lost in turn (0, 1,
     2, each once the last is back, as losses spread over time are) is restarted on its own address and
     trains again. Worker 0 lost once its restart is older than the window is restarted again; lost again
     at once, it is past its budget and leaves the run, which goes on with workers 1 and 2 (their steps
     grow, its do not). Worker 1 lost next cannot rejoin alone with worker 0 gone: the cluster restarts
     from its latest checkpoint, every worker in it. Ctrl-C then ends it all."""
-    run_dir, tmp, window = tmp_path / "run", tmp_path / "tmp", 3
+    run_dir, tmp, window = tmp_path / "run", tmp_path / "tmp", 6  # (its last restart trains again within it)
     tmp.mkdir()  # this run's temporary files, apart from other runs'
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=3", "cluster.ps=1", "data=synthetic",
                  "data.train_examples=2048", "trainer.epochs=1000", "trainer.batch_size=32",
@@ -170,6 +170,9 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
         restarted_longer_ago_than_the_window(0)
         kill_task(run_dir, "worker-0")  # its restart is older than the window: restarted again
         wait_until(lambda: task_state(run_dir, "worker-0")["restarts"] == 2, proc, "worker 0's second restart")
+        # Not while the coordinator takes it back: a worker lost during TensorFlow's cluster update leaves that
+        # update failed, and the coordinator then never schedules on the workers it was taking back.
+        trains_again(0)
         kill_task(run_dir, "worker-0")  # (its new pid) within the window of the last: past its budget
         wait_until(lambda: len(restarts()) == 5, proc, "worker 0 to leave")
         since = len(epochs())
@@ -192,13 +195,13 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
     assert proc.returncode == 130 and "Traceback" not in out, out[-4000:]
     for i, times in ((0, 2), (1, 1), (2, 1)):
         assert out.count(f"task worker-{i} exited with status -9: restarting it on its own address (restart 1 of 1 "
-                         f"within 3 s (cluster.restart_window), cluster.max_restarts)") == times
-    assert ("task worker-0 exited with status -9 and worker-0 was restarted 1 time(s) already within 3 s "
+                         f"within {window} s (cluster.restart_window), cluster.max_restarts)") == times
+    assert (f"task worker-0 exited with status -9 and worker-0 was restarted 1 time(s) already within {window} s "
             "(cluster.restart_window) (cluster.max_restarts=1): it leaves the run, which goes on with 2 worker(s)") in out
     assert left[1][0] == left[0][0] and left[1][1] > left[0][1] and left[1][2] > left[0][2]
     assert ("task worker-1 exited with status -9 (worker-0 left the run, and TensorFlow's coordinator takes a worker "
             "back only once every worker answers): restarting the cluster from its latest checkpoint (restart 1 of 1 "
-            "within 3 s (cluster.restart_window), cluster.max_restarts)") in out
+            f"within {window} s (cluster.restart_window), cluster.max_restarts)") in out
     assert all(n > 0 for n in everyone)  # the restarted cluster trains on every worker, worker 0 too
     done = [(r["task"], r["restarted"]) for r in untimed(restarts())]
     assert done[:6] == [

@@ -359,6 +359,20 @@ def test_partial_sweep_rows_and_weak_scaling(tmp_path):
     assert summary.failed == [rows[2]] and is_png(tmp_path / "scaling.png")
 
 
+def test_each_metric_a_run_measured_is_a_column_of_the_summary(tmp_path):
+    """A regression sweep's test metrics (test_mae, test_rmse) beside its loss; no accuracy to show."""
+    ok = {"status": "ok", "exit_status": 0, "error": "", "log_tail": []}
+    for num, rate in enumerate(("0.01", "0.02")):
+        results = {k: v for k, v in _results("default", 1, 64, 64, 1000.0).items() if k != "test_accuracy"}
+        _job(tmp_path, num, [f"trainer.learning_rate={rate}"], ok, results | {"test_mae": 0.25 + num,
+                                                                             "test_rmse": 0.5 + num})
+    sweep.summarize(tmp_path, out=open(os.devnull, "w"))
+    rows = read_csv(tmp_path / "summary.csv")
+    assert [(r["test_mae"], r["test_rmse"]) for r in rows] == [("0.25", "0.5"), ("1.25", "1.5")]
+    header = (tmp_path / "summary.md").read_text().split("| job |")[1].splitlines()[0]
+    assert "test_loss | test_mae | test_rmse |" in header and "test_accuracy" not in header
+
+
 def test_speedups_are_per_strategy_and_blank_without_a_scaling_dimension():
     rows = [{"status": "ok", **{k: v for k, v in zip(
         ("strategy", "replicas", "examples_per_sec", "global_batch", "per_replica_batch"), values)},

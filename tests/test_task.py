@@ -13,7 +13,7 @@ import tf_keras as keras
 
 from distrain.checking import check
 from distrain.metrics import Tally, make_metrics
-from helpers import RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli
+from helpers import RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli, tensorboard_values
 
 MODELS = '''
 import tf_keras as keras
@@ -77,6 +77,16 @@ def test_a_metric_that_cannot_be_summed_is_one_line():
 
     with pytest.raises(ConfigError, match=r"metrics.last \(Last\) keeps a state that is not a sum"):
         Tally({"last": Last()}, np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32))
+
+
+def test_a_sweeps_objective_must_be_a_number_its_runs_report():
+    from distrain.config import check_objective
+    from distrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^trainer.objective=test_accuracy is not a number of a run's results.json: "
+                                          r"set it to one of test_loss, test_mae, test_rmse, final_train_loss"):
+        check_objective(make_cfg("loss=huber", "metrics=regression"))
+    check_objective(make_cfg("loss=huber", "metrics=regression", "trainer.objective=test_mae"))  # the control
 
 
 def regression_data(path, n=1200, features=8, seed=0):
@@ -152,3 +162,29 @@ def _module(source: str):
     module = types.ModuleType("test_task_models")
     exec(source, module.__dict__)
     return module
+
+
+@pytest.mark.slow
+def test_validation_and_callbacks_see_the_logs_fit_would_give_them(tmp_path):
+    """Validation every epoch gives val_loss and val_accuracy to the history, TensorBoard's validation/
+    and the callbacks; ReduceLROnPlateau halves the rate when the loss does not fall by 10, and
+    EarlyStopping ends the run after its second validation, with the reason in results.json."""
+    from distrain.training import train
+
+    cfg = check(make_cfg("data=synthetic", "data.train_examples=1024", "data.test_examples=256", "model=mlp",
+                         "trainer.batch_size=64", "trainer.epochs=6", "trainer.verbose=0", "trainer.save_model=false",
+                         "trainer.tensorboard=true", "trainer.validate_every=1", "callbacks=early_stopping",
+                         "+callbacks.early_stopping.min_delta=10", "callbacks.early_stopping.patience=1",
+                         "+callbacks.halve={_target_: tf_keras.callbacks.ReduceLROnPlateau, monitor: loss, factor: 0.5,"
+                         " patience: 0, min_delta: 10, verbose: 0}"))
+    results, _ = train(cfg, tmp_path / "run")
+    history = results["history"]
+    assert results["stopped_early"] == "callbacks.early_stopping (EarlyStopping) stopped training after epoch 2"
+    assert len(history["loss"]) == len(history["val_loss"]) == 2 and results["global_steps"] == 2 * 16
+    assert results["test_loss"] == pytest.approx(history["val_loss"][0], rel=1e-5)  # the best weights, restored
+    validation = tensorboard_values(tmp_path / "run" / "tensorboard" / "validation")
+    assert validation["epoch_loss"] == pytest.approx(history["val_loss"])
+    assert validation["epoch_accuracy"] == pytest.approx(history["val_accuracy"])
+    rates = tensorboard_values(tmp_path / "run" / "tensorboard" / "train")["epoch_learning_rate"]
+    # Epoch 1 sets the callback's best loss; epoch 2 does not beat it by 10: halved, before the rate is logged.
+    assert rates == pytest.approx([0.002, 0.001])

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
-from .schema import METRICS, OWN, SCHEMAS, TARGET, Root
+from .schema import OWN, SCHEMAS, TARGET, Root
 
 
 def _kind(schema, name: str) -> str:
@@ -58,7 +58,7 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     if schema is None and "not in struct" in str(exc) and isinstance(parent_node, DictConfig) and "." in full:
         parent = full.rsplit(".", 1)[0]  # a key a user's own option (model=mine) does not have
         return (f"{full} is not a key of {parent} (it has {', '.join(map(str, parent_node.keys()))}): drop it, or "
-                f"add it as +{full}=... if {parent}'s builder or loader takes it")
+                f"add it as +{full}=... if {parent}'s _target_ takes it")
     if schema is None:
         return str(exc).splitlines()[0]
     fields = [f.name for f in dataclasses.fields(schema)]
@@ -66,7 +66,8 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     if name not in fields:
         close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         if close:
-            example = next(iter(SCHEMAS.get(close[0], METRICS))) if schema is Root else _example(schema, close[0])  # a group
+            example = _example(schema, close[0]) if schema is not Root else next(iter(SCHEMAS[close[0]])) \
+                if close[0] in SCHEMAS else ENTRIES[close[0]][1]  # a group: its default option
             return (f"{full} is not a key of {parent or 'the config'}: "
                     f"set e.g. {parent + '.' if parent else ''}{close[0]}={example}")
         return (f"{full} is not a key of {parent or 'the config'} (it has {', '.join(fields)}): drop it, "
@@ -148,22 +149,27 @@ def check(cfg: DictConfig) -> DictConfig:
                 raise ConfigError(f"{group}.{f.name}={_shown(value)} {rule.says}: "
                                   f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
         checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
-    checked["metrics"] = check_metrics(plain.get("metrics"))
+    for group, (example, _) in ENTRIES.items():
+        checked[group] = check_entries(group, plain.get(group), example)
     return OmegaConf.create(checked)
 
 
-def check_metrics(node) -> dict:
-    """The metrics node: named entries, each a _target_ (module.Class) and that class's arguments."""
-    node = node or {}
+# The groups of named entries, each a _target_ and its arguments: an example of one, and the default option.
+ENTRIES = {"metrics": ("tf_keras.metrics.MeanAbsoluteError", "accuracy"),
+           "callbacks": ("tf_keras.callbacks.EarlyStopping", "none")}
+
+
+def check_entries(group: str, node, example: str) -> dict:
+    """A node of named entries (metrics, callbacks): each a _target_ (module.Class) and its arguments."""
+    node = OmegaConf.create({}) if node is None else node
     if not isinstance(node, DictConfig):
-        raise ConfigError(f"metrics={node} is not named entries: choose an option (metrics=regression) or name each "
-                          "metric, e.g. +metrics.mae='{_target_: tf_keras.metrics.MeanAbsoluteError}'")
+        raise ConfigError(f"{group}={node} is not named entries: choose an option of {group} or name each entry, "
+                          f"e.g. +{group}.mine='{{_target_: {example}}}'")
     for name, entry in node.items():
         target = entry.get("_target_") if isinstance(entry, DictConfig) else None
         if not isinstance(target, str) or not TARGET.ok(target):
-            raise ConfigError(f"metrics.{name} must be a metric's _target_ (module.Class) and its arguments, not "
-                              f"{entry}: set e.g. metrics.{name}._target_=tf_keras.metrics.MeanAbsoluteError, or "
-                              f"remove it with ~metrics.{name}")
+            raise ConfigError(f"{group}.{name} must be a _target_ (module.Class) and its arguments, not {entry}: set "
+                              f"e.g. {group}.{name}._target_={example}, or remove it with ~{group}.{name}")
     return OmegaConf.to_container(node)
 
 
@@ -184,7 +190,8 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"{group}:")
         lines += [line(schema, f.name, OmegaConf.select(node, f.name), "  ") for f in dataclasses.fields(schema)]
         lines += [f"  {k}: {_shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
-    lines.append("metrics:  (named entries: a tf_keras metric class each, and its arguments)")
-    for name, entry in (cfg.get("metrics") or {}).items():
-        lines.append(f"  {name}: {OmegaConf.to_container(entry) if isinstance(entry, DictConfig) else entry}")
+    for group in ENTRIES:
+        lines.append(f"{group}:  (named entries: a tf_keras class each, and its arguments)")
+        for name, entry in (cfg.get(group) or {}).items():
+            lines.append(f"  {name}: {OmegaConf.to_container(entry) if isinstance(entry, DictConfig) else entry}")
     return "\n".join(lines)

@@ -15,8 +15,8 @@ from .errors import ConfigError
 
 @dataclass
 class Progress:
-    """Where training stands: epochs finished, steps of the current epoch finished, that epoch's
-    [loss sum, correct, examples] so far (over every worker), and the history of the finished ones."""
+    """Where training stands: epochs finished, steps of the current epoch finished, that epoch's sums so
+    far (over every worker), the history of the finished ones, and the callback that stopped it early."""
     epoch: int = 0
     step: int = 0
     totals: list = field(default_factory=list)  # the epoch's sums so far (metrics.Tally; none yet: [])
@@ -25,6 +25,7 @@ class Progress:
     seconds: float = 0.0  # spent training the current epoch so far
     restarts: int = 0  # times this run was resumed
     resumed_from_step: int | None = None
+    stopped_early: str = ""  # e.g. "callbacks.early_stopping stopped training after epoch 7"
 
 
 class Checkpoints:

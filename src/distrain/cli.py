@@ -37,7 +37,8 @@ class JobFailed(Exception):
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def run(cfg: DictConfig) -> float | JobFailed | None:
-    """Runs one job; returns its test accuracy, the objective a Hydra sweeper such as Optuna optimises."""
+    """Runs one job; returns trainer.objective of its results (test accuracy by default), which a Hydra
+    sweeper such as Optuna optimises."""
     from . import launcher, sweep  # here: --help and --cfg job need neither (numpy, ports: 0.25 s of imports)
 
     hydra_cfg = HydraConfig.get()
@@ -56,7 +57,14 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     if code:
         return JobFailed(f"job {job} " + ("was interrupted" if code in INTERRUPTED else f"failed with exit status {code}"))
     results = RunDir(run_dir).read_results()
-    return results.get("test_accuracy") if results else None
+    if not results:
+        return None
+    objective = cfg.trainer.objective
+    if not isinstance(results.get(objective), (int, float)):
+        numbers = sorted(k for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        return JobFailed(f"job {job}: trainer.objective={objective} is not a number of its results.json (it has "
+                         f"{', '.join(numbers)}): set trainer.objective to one of them")
+    return results[objective]
 
 
 def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:

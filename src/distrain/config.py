@@ -53,8 +53,10 @@ def validate(cfg: DictConfig) -> DictConfig:
     for group in ("model", "data", "optimizer", "schedule", "loss"):
         if cfg[group].get("_target_"):
             check_importable(f"{group}._target_", cfg[group]._target_)
-    for name, entry in (cfg.get("metrics") or {}).items():
-        check_importable(f"metrics.{name}._target_", entry._target_)
+    for group in ("metrics", "callbacks"):
+        for name, entry in (cfg.get(group) or {}).items():
+            check_importable(f"{group}.{name}._target_", entry._target_)
+    check_monitors(cfg)
     check_metrics_fit_loss(cfg)
     if cfg.schedule.warmup_steps and cfg.schedule.warmup_epochs:
         raise ConfigError(f"schedule.warmup_steps={cfg.schedule.warmup_steps} and schedule.warmup_epochs="
@@ -146,6 +148,31 @@ def check_metrics_fit_loss(cfg) -> None:
         raise ConfigError(f"data={cfg.data.source} holds integer class labels, which loss={loss or cfg.loss._target_} "
                           "does not read: use loss=sparse_categorical_crossentropy with data in files (other labels: "
                           "data=npz or a loader of your own)")
+
+
+def check_objective(cfg) -> None:
+    """trainer.objective names a number every run's results.json holds (a sweep's job: what it returns)."""
+    numbers = ["test_loss", *(f"test_{name}" for name in cfg.get("metrics") or {}), "final_train_loss",
+               "examples_per_sec", "steps_per_sec", "train_seconds"]
+    if cfg.trainer.objective not in numbers:
+        raise ConfigError(f"trainer.objective={cfg.trainer.objective} is not a number of a run's results.json: set it "
+                          f"to one of {', '.join(numbers)}")
+
+
+def check_monitors(cfg) -> None:
+    """A callback watching a quantity the run never logs would never act (Keras only warns, every epoch)."""
+    logged = ["loss", *(cfg.get("metrics") or {})]
+    if cfg.trainer.validate_every:
+        logged += [f"val_{name}" for name in logged]
+    for name, entry in (cfg.get("callbacks") or {}).items():
+        monitor = entry.get("monitor")
+        if monitor is None or monitor in logged:
+            continue
+        if monitor.startswith("val_") and monitor[4:] in logged:
+            raise ConfigError(f"callbacks.{name} monitors {monitor}, which only validation gives: set "
+                              "trainer.validate_every=1 (or every N epochs)")
+        raise ConfigError(f"callbacks.{name} monitors {monitor}, which the run does not log (it logs "
+                          f"{', '.join(logged)}): set callbacks.{name}.monitor to one of them")
 
 
 def check_importable(key: str, target: str) -> None:

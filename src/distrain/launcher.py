@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import cpu, dashboard, data, report, schema, storage
-from .config import check_same_run, resumed, validate
+from .config import check_objective, check_same_run, resumed, validate
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
 from .protocol import RESTARTS_CLUSTER, SCRATCH, STARTED, error_line
@@ -120,6 +120,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     config = None  # the config.yaml written, as plain values
     try:
         cfg = validate(cfg)
+        if job:
+            check_objective(cfg)
         if cfg.trainer.resume:
             auto = cfg.trainer.resume == "auto"
             cfg = validate(resumed(cfg, run_dir, list(overrides)))

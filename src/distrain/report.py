@@ -28,6 +28,8 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "test_loss": float(test["loss"]), "final_train_loss": history["loss"][-1],
              "history": history, "seed": t.seed}
     found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}
+    if progress.stopped_early:  # a callback's decision: the run is ok, with fewer epochs
+        found["stopped_early"] = progress.stopped_early
     if getattr(data, "class_names", None):  # an image folder's: what each output means
         found["class_names"] = data.class_names
     return {**found, **facts}  # and the facts not named above: tensorflow_version, worker_steps
@@ -66,7 +68,8 @@ def summary_line(r: dict) -> str:
     return (f"{head[0].upper()}{head[1:]}, loss {r['test_loss']:.4f} | "
             f"{r['train_seconds']:.1f} s training, {r['examples_per_sec']:,.0f} examples/s | "
             f"{r['num_replicas']} replica(s), {r['num_workers']} worker(s), {r['num_ps']} ps | "
-            f"strategy={r['strategy']} model={r['model']} data={r['data']}({r['data_source']})")
+            f"strategy={r['strategy']} model={r['model']} data={r['data']}({r['data_source']})"
+            + (f" | {r['stopped_early']}" if r.get("stopped_early") else ""))
 
 
 def short_line(r: dict) -> str:

@@ -73,7 +73,8 @@ class SyncEpochs:
     def begin(self, steps: int, done: int, carried: list) -> None:
         """An epoch of `steps` steps, `done` of them already (resumed), whose sums so far are `carried`."""
         self.local, self.carried, self.done = tf.zeros([len(carried)]), np.array(carried, np.float32), done
-        self.bar = keras.utils.Progbar(steps, stateful_metrics=self.tally.names) if self.progress else None
+        names = [*self.tally.names, *(f"val_{name}" for name in self.tally.names)]  # values, never averaged
+        self.bar = keras.utils.Progbar(steps, stateful_metrics=names) if self.progress else None
         if self.bar and done:
             self.bar.update(done)
 
@@ -98,10 +99,12 @@ class SyncEpochs:
         return (across_workers(self.strategy, self.local).numpy() + self.carried).tolist()
 
     def end(self) -> list:
-        totals = self.totals()
-        if self.bar:  # the last update shows the whole cluster's values
-            self.bar.update(self.done, self.tally.values(totals), finalize=True)
-        return totals
+        return self.totals()
+
+    def show(self, logs: dict) -> None:
+        """The epoch's last update of the bar: the whole cluster's values, and validation's."""
+        if self.bar:
+            self.bar.update(self.done, list(logs.items()), finalize=True)
 
     def epoch_line(self, steps: int) -> str:
         return f"{steps} steps"
@@ -198,6 +201,9 @@ class AsyncEpochs:
         return self.sums.tolist()
 
     end = totals
+
+    def show(self, logs: dict) -> None:
+        """(No bar: the epoch's line says it.)"""
 
     def epoch_line(self, steps: int) -> str:
         per_worker = ", ".join(f"worker {i}: {n}" for i, n in enumerate(self.worker_steps))

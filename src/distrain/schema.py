@@ -123,6 +123,12 @@ class Trainer:
     stop_on_nan: bool = key(True, "stop at the step the loss becomes NaN or infinite, keeping the last good "
                             "checkpoint")
     verbose: int = key(1, "0 silent, 1 progress bar, 2 one line per epoch", one_of(0, 1, 2))
+    validate_every: int = key(0, "evaluate on the test data every N epochs and after the last, giving val_loss and "
+                              "val_<metric> to the history, callbacks and TensorBoard (0: once, at the end)",
+                              NOT_NEGATIVE)
+    objective: str = key("test_accuracy", "the number of results.json a sweep's Optuna search optimises "
+                         "(test_loss, test_<metric>, final_train_loss, examples_per_sec; set "
+                         "hydra.sweeper.direction=minimize for a loss)")
 
 
 # ---- model ------------------------------------------------------------------------------------------
@@ -534,6 +540,7 @@ class Root:
     schedule: Any = None
     loss: Any = None
     metrics: Any = None  # {name: {_target_: a tf_keras metric class, its arguments}}: checked by checking.py
+    callbacks: Any = None  # {name: {_target_: a tf_keras callback class, its arguments}}: the same
 
 
 # group -> option -> schema. A YAML option extends one of these (its `defaults:` names it).
@@ -564,10 +571,6 @@ def register() -> None:
 
 # Groups whose options may be the user's own: a node with a `_target_` that is no built-in option's.
 OWN = {"model": Builder, "data": Loader, "optimizer": OwnOptimizer, "schedule": OwnSchedule, "loss": OwnLoss}
-# The metrics group's options, each a dict of named entries (the default first), and the loss each fits.
-METRICS = {"accuracy": "sparse_categorical_crossentropy", "categorical": "categorical_crossentropy",
-           "binary": "binary_crossentropy", "regression": "mean_squared_error, mean_absolute_error, huber",
-           "none": "any loss"}
 
 
 def label(node) -> str:

@@ -103,8 +103,10 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
                     f"{STATUS}): give the directory a multirun made (multirun/DATE/TIME)")
         return None
     summary = Summary(sweep_dir, rows, varying)
-    columns = ["job", *varying, "status", "exit_status", *(name for name, _ in MEASURES if name not in varying),
-               "run_dir", "error"]  # (a swept `strategy` is a column once)
+    measured = [name for name, _ in MEASURES if name not in varying]  # (a swept `strategy` is a column once)
+    metrics = list(dict.fromkeys(k for r in rows for k in r["metrics"] if k not in measured))  # test_mae, ...
+    at = measured.index("test_loss") + 1
+    columns = ["job", *varying, "status", "exit_status", *measured[:at], *metrics, *measured[at:], "run_dir", "error"]
     _write_csv(sweep_dir / "summary.csv", rows, columns)
     # The tables leave out columns no job has a value in (the CSV keeps every column).
     table = markdown(rows, [c for c in columns if any(r.get(c) not in ("", None) for r in rows)])
@@ -187,6 +189,8 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
            "log_tail": status.get("log_tail", []), "run_dir": str(job_dir.relative_to(sweep_dir))}
     for name, key in MEASURES:
         row[name] = results.get(key, "") if key else ""
+    row["metrics"] = {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, float)}
+    row.update(row["metrics"])  # the test value of each metric the run measured
     return row
 
 
@@ -268,7 +272,10 @@ def markdown(rows: list, columns: list) -> str:
         value = row.get(column, "")
         if value in ("", None):
             return ""
-        return FORMATS[column].format(value) if column in FORMATS else str(value).replace("|", "\\|")
+        if column in FORMATS:
+            return FORMATS[column].format(value)
+        return f"{value:.4g}" if column.startswith("test_") and isinstance(value, float) else \
+            str(value).replace("|", "\\|")
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]

@@ -14,7 +14,7 @@ import tf_keras as keras
 from . import cpu, files, report, schema, storage
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, resume, segments
-from .config import check_batch_divides
+from .config import check_batch_divides, instantiate
 from .context import RunContext
 from .errors import ConfigError, Diverged
 from .data import class_labels
@@ -119,7 +119,12 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         if t.resume else Progress()  # every task reads the chief's checkpoints
     runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, progress)
     KEPT.append(runner)  # (never deleted: runners.KEPT)
-    run_epochs(runner, progress, t, data.steps, saves, out.tensorboard / "train" if t.tensorboard is True else None)
+    callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
+    if t.validate_every or callbacks:  # evaluate() during training, and callbacks' model.optimizer
+        compile_model(model, optimizer, cfg, probabilities)
+    validate = make_validate(cfg, data, model, runner, lambda: build(cfg, data, policy)[:2], probabilities)
+    run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
+               validate, callbacks, model)
     model, optimizer = runner.finish(model, rebuild=lambda: build(cfg, data, policy)[:2])
     compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test = model.evaluate(reader(cfg, data, training=False)(), steps=test_steps(data, t.batch_size), verbose=0,
@@ -230,11 +235,58 @@ def save_model(model, path: Path, class_names=None, include_optimizer: bool = Tr
               flush=True)
 
 
-def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path | None) -> None:
+def make_callbacks(cfg, model, steps: int, announce: bool) -> dict:
+    """{name: a Keras callback} of the config's callbacks node, set to the model; per-batch hooks, which
+    the training loop does not call, are said in one line each."""
+    callbacks = {}
+    for name, entry in (cfg.get("callbacks") or {}).items():
+        callback = instantiate(f"callbacks.{name}._target_", entry, "it must name a tf_keras callback class taking "
+                               "the entry's other keys")
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ConfigError(f"callbacks.{name}._target_={entry._target_} returned {type(callback).__name__}, not a "
+                              "tf_keras callback: name a tf_keras.callbacks class (import tf_keras, not keras 3)")
+        callback.set_model(model)
+        callback.set_params({"epochs": cfg.trainer.epochs, "steps": steps, "verbose": cfg.trainer.verbose})
+        if announce and callback._implements_train_batch_hooks():
+            print(f"warning: callbacks.{name} ({type(callback).__name__}) has per-batch hooks, which distrain does not "
+                  "call: it runs at epoch ends only", flush=True)
+        callbacks[str(name)] = callback
+    return callbacks
+
+
+def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
+    """A function giving the test data's {loss, each metric} with the weights trained so far, for
+    trainer.validate_every; None without. Parameter servers: on a copy here (the model lives on the
+    ps tasks); else every worker evaluates its share, as Keras's evaluate() does."""
+    if not cfg.trainer.validate_every:
+        return None
+    test = reader(cfg, data, training=False)()
+    steps = test_steps(data, cfg.trainer.batch_size)
+    if not isinstance(runner, AsyncEpochs):
+        return lambda: model.evaluate(test, steps=steps, verbose=0, return_dict=True)
+    local, optimizer = rebuild()
+    compile_model(local, optimizer, cfg, probabilities)
+
+    def on_a_copy():
+        local.set_weights(model.get_weights())
+        return local.evaluate(test, steps=steps, verbose=0, return_dict=True)
+    return on_a_copy
+
+
+def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path | None, validate=None,
+               callbacks: dict | None = None, model=None) -> None:
     """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
-    every epoch end and every t.checkpoint_every_steps global steps; TensorBoard logs in log_dir."""
-    history = progress.history
-    writer = tf.summary.create_file_writer(str(log_dir)) if log_dir else None
+    every epoch end and every t.checkpoint_every_steps global steps; TensorBoard logs in log_dir
+    (train/, and validation/ for validate()'s). validate(): every t.validate_every epochs and after the
+    last. callbacks: called at each epoch's end with its logs (every worker of a synchronous cluster
+    has the same), before its checkpoint; one that sets model.stop_training ends the training there."""
+    history, callbacks = progress.history, callbacks or {}
+    writer = tf.summary.create_file_writer(str(log_dir / "train")) if log_dir else None
+    val_writer = tf.summary.create_file_writer(str(log_dir / "validation")) if log_dir and validate else None
+    if callbacks:
+        model.stop_training = False
+        for callback in callbacks.values():
+            callback.on_train_begin()
 
     def diverged(epoch: int, step: int):  # before any checkpoint of the diverged weights
         raise Diverged(f"the training loss became NaN or infinite in epoch {epoch + 1}, step {step} (global step "
@@ -258,22 +310,45 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
                 raise Preempted(epoch * steps + progress.step, mid_epoch=True)
         totals = runner.end()
         progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
-        for name, value in runner.tally.values(totals):
+        logs = dict(runner.tally.values(totals))
+        if validate and ((epoch + 1) % t.validate_every == 0 or epoch + 1 == t.epochs):
+            logs |= {f"val_{name}": value for name, value in validate().items()}
+        for name, value in logs.items():
             history.setdefault(name, []).append(value)
+        runner.show(logs)
         progress.epoch, progress.step, progress.totals, progress.seconds = epoch + 1, 0, [0.0] * len(totals), 0.0
         if t.verbose and not runner.progress:
-            values = " - ".join(f"{name}: {history[name][-1]:.4f}" for name in runner.tally.names)
+            values = " - ".join(f"{name}: {value:.4f}" for name, value in logs.items())
             print(f"Epoch {epoch + 1}/{t.epochs} - {runner.epoch_line(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
                   f"{values}", flush=True)
+        for name, callback in callbacks.items():  # (before the checkpoint: a learning rate it changes is kept)
+            if str(getattr(callback, "monitor", "")).startswith("val_") and getattr(callback, "monitor") not in logs:
+                continue  # one watching validation acts at the epochs that validate
+            callback.on_epoch_end(epoch, dict(logs))
+            if model.stop_training and not progress.stopped_early:
+                progress.stopped_early = f"callbacks.{name} ({type(callback).__name__}) stopped training after " \
+                    f"epoch {epoch + 1}"
         if saves:
             saves.save(progress, (epoch + 1) * steps)
         if Preemption.requested and epoch + 1 < t.epochs:
             raise Preempted((epoch + 1) * steps)
         if writer:  # TensorBoard's scalars, as Keras names its epoch logs
-            scalars = {f"epoch_{name}": values[-1] for name, values in history.items()}
+            scalars = {f"epoch_{name}": value for name, value in logs.items() if not name.startswith("val_")}
             scalars["epoch_examples_per_sec"] = steps * t.batch_size / progress.epoch_seconds[-1]
             with writer.as_default(step=epoch):
                 for name, value in (scalars | runner.scalars()).items():
                     tf.summary.scalar(name, value)
-    if writer:
-        writer.close()
+        if val_writer and any(name.startswith("val_") for name in logs):
+            with val_writer.as_default(step=epoch):
+                for name, value in logs.items():
+                    if name.startswith("val_"):
+                        tf.summary.scalar(f"epoch_{name[4:]}", value)
+        if progress.stopped_early:
+            if t.verbose:
+                print(progress.stopped_early, flush=True)
+            break
+    for callback in callbacks.values():
+        callback.on_train_end()
+    for w in (writer, val_writer):
+        if w:
+            w.close()
