@@ -79,6 +79,22 @@ def test_a_metric_that_cannot_be_summed_is_one_line():
         Tally({"last": Last()}, np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32))
 
 
+def test_a_metric_of_probabilities_given_logits_is_one_line():
+    from distrain.errors import ConfigError
+    from distrain.metrics import check_metrics_read_the_outputs as check
+
+    binary = make_cfg("loss=binary_crossentropy", "metrics=binary").metrics
+    with pytest.raises(ConfigError, match=r"^metrics.accuracy \(tf_keras.metrics.BinaryAccuracy\) reads probabilities, "
+                                          r"but the model outputs logits .*: set \+metrics.accuracy.threshold=0 "):
+        check(binary, probabilities=False)
+    with pytest.raises(ConfigError, match=r"^metrics.auc \(tf_keras.metrics.AUC\) .*: set \+metrics.auc.from_logits"):
+        check(make_cfg("metrics=binary", "~metrics.accuracy").metrics, probabilities=False)
+    check(binary, probabilities=True)  # the controls: a sigmoid output, and metrics set for logits
+    check(make_cfg("metrics=binary", "+metrics.accuracy.threshold=0", "+metrics.auc.from_logits=true").metrics,
+          probabilities=False)
+    check(make_cfg().metrics, probabilities=False)  # (sparse categorical accuracy: the highest output, either way)
+
+
 def test_a_sweeps_objective_must_be_a_number_its_runs_report():
     from distrain.config import check_objective
     from distrain.errors import ConfigError

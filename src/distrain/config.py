@@ -196,6 +196,19 @@ def instantiate(key: str, node, fix: str, **kwargs):
         raise ConfigError(f"{key}={node._target_} failed ({reason(exc, node._target_)}): {fix}") from None
 
 
+def parameters(target: str) -> set:
+    """The argument names of the class or function `target` names (none if it cannot be imported: then
+    instantiate says why)."""
+    import inspect
+
+    from hydra._internal.utils import _locate
+
+    try:
+        return set(inspect.signature(_locate(target)).parameters)
+    except Exception:  # noqa: BLE001 - instantiate reports a target that cannot be found
+        return set()
+
+
 def reason(exc: BaseException, target: str = "") -> str:
     """The root cause of an exception, in one line: a builder's own error, or what `target` lacks."""
     while exc.__cause__ is not None:

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from .config import instantiate, reason
+from .config import instantiate, parameters, reason
 from .errors import ConfigError
 
 def make_loss(node, probabilities: bool, reduction: str = "none", plain: bool = False):
@@ -87,6 +87,28 @@ def make_metrics(node) -> dict:
                               "in tf_keras.metrics.MeanMetricWrapper")
         metrics[str(name)] = metric
     return metrics
+
+
+def check_metrics_read_the_outputs(node, probabilities: bool) -> None:
+    """A metric of probabilities (AUC, binary accuracy, precision at 0.5, ...) given a model's logits
+    measures nonsense without an error: one line saying which, and the argument that fits logits."""
+    if probabilities:
+        return
+    for name, entry in (node or {}).items():
+        takes = parameters(entry._target_)
+        if "from_logits" in takes:
+            if entry.get("from_logits"):
+                continue
+            fix = f"metrics.{name}.from_logits=true" if "from_logits" in entry else f"+metrics.{name}.from_logits=true"
+        elif {"threshold", "thresholds"} & takes and "F1Score" not in entry._target_ and "FBeta" not in entry._target_:
+            key = "threshold" if "threshold" in takes else "thresholds"
+            if entry.get(key) is not None:
+                continue
+            fix = f"+metrics.{name}.{key}=0 (a logit of 0 is a probability of 0.5)"
+        else:
+            continue
+        raise ConfigError(f"metrics.{name} ({entry._target_}) reads probabilities, but the model outputs logits (its "
+                          f"last layer has no sigmoid or softmax): set {fix}, or give the model a sigmoid output")
 
 
 class _Growth:

@@ -1,13 +1,12 @@
 """The optimizer and its learning rate over the run: the config's `optimizer` and `schedule` nodes (a
 tf_keras class named by `_target_`, with its arguments), the warm-up, and the scaling of the learning
 rate with the global batch (trainer.lr_scaling)."""
-import inspect
 import math
 
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from .config import instantiate
+from .config import instantiate, parameters
 from .errors import ConfigError
 
 # Keys of a schedule node that are distrain's, not the schedule class's.
@@ -72,7 +71,7 @@ def learning_rate(cfg, steps_per_epoch: int):
         arguments = OmegaConf.masked_copy(node, [k for k in node if k not in (*WARMUP_KEYS, "name")])
         if "decay_steps" in arguments and arguments.decay_steps is None:
             arguments.decay_steps = total
-        takes = _parameters(node._target_)
+        takes = parameters(node._target_)
         if "initial_learning_rate" in takes and "initial_learning_rate" not in arguments:
             arguments.initial_learning_rate = t.learning_rate
         schedule = instantiate("schedule._target_", arguments, "it must name a tf_keras LearningRateSchedule (or a "
@@ -85,17 +84,6 @@ def learning_rate(cfg, steps_per_epoch: int):
     if factor == 1 and not warmup:
         return schedule, " ".join(said)
     return Warmup(schedule, factor, warmup), " ".join(said)
-
-
-def _parameters(target: str) -> set:
-    """The argument names of the class or function `target` names (none if it cannot be imported: then
-    instantiate says why)."""
-    from hydra._internal.utils import _locate
-
-    try:
-        return set(inspect.signature(_locate(target)).parameters)
-    except Exception:  # noqa: BLE001 - instantiate reports a target that cannot be found
-        return set()
 
 
 def make_optimizer(cfg, steps_per_epoch: int, policy: str = "float32"):

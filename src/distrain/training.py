@@ -18,7 +18,7 @@ from .config import check_batch_divides, instantiate
 from .context import RunContext
 from .errors import ConfigError, Diverged
 from .data import class_labels
-from .metrics import Tally, check_labels, check_loss, make_loss, make_metrics
+from .metrics import Tally, check_labels, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
 from .files import FileData
@@ -187,6 +187,7 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     t = cfg.trainer
     loss = make_loss(cfg.loss, probabilities)
     outputs = tf.cast(model(data.sample, training=False), tf.float32)
+    check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
     train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally)
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
