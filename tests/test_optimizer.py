@@ -43,6 +43,19 @@ def test_optimizer_arguments_and_a_users_own_class():
     assert line == "optimizer: tf_keras.optimizers.Adamax, learning rate 0.002"  # not adam's name
 
 
+def test_what_only_the_task_can_check_is_one_line():
+    """(Found where TensorFlow runs, after the launcher's checks: a task prints the ConfigError as one line.)"""
+    from distrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^the warm-up \(250 steps\) is not shorter than the run \(125 steps\): "
+                                          r"lower schedule.warmup_steps or schedule.warmup_epochs"):
+        learning_rate(make_cfg("schedule.warmup_epochs=2", "trainer.epochs=1"), 125)
+    with pytest.raises(ConfigError, match=r"^optimizer._target_=tf_keras.optimizers.Adamax failed \(TypeError: .*"
+                                          r"momentum.*\): it must name a tf_keras optimizer class"):
+        make_optimizer(checked("optimizer._target_=tf_keras.optimizers.Adamax", "+optimizer.momentum=0.9"), 100)
+    learning_rate(make_cfg("schedule.warmup_epochs=0.5", "trainer.epochs=1"), 125)  # the control
+
+
 def test_float16_wraps_the_optimizer_in_loss_scaling():
     optimizer, _ = make_optimizer(make_cfg("optimizer=adamw"), 100, policy="mixed_float16")
     assert isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)

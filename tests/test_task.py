@@ -95,6 +95,17 @@ def test_a_metric_of_probabilities_given_logits_is_one_line():
     check(make_cfg().metrics, probabilities=False)  # (sparse categorical accuracy: the highest output, either way)
 
 
+def test_the_one_hot_loss_given_class_indices_is_one_line():
+    from distrain.errors import ConfigError
+    from distrain.metrics import check_labels
+
+    node = make_cfg("loss=categorical_crossentropy").loss
+    with pytest.raises(ConfigError, match=r"^loss=categorical_crossentropy reads one-hot label rows \(N, classes\), "
+                                          r"not labels of shape \(8, 1\): use loss=sparse_categorical_crossentropy"):
+        check_labels(node, np.zeros((8, 1), np.int32))
+    check_labels(node, np.eye(3, dtype=np.float32))  # the control: one-hot rows
+
+
 def test_a_sweeps_objective_must_be_a_number_its_runs_report():
     from distrain.config import check_objective
     from distrain.errors import ConfigError
@@ -133,7 +144,7 @@ def test_regression_on_tabular_rows_trains_on_a_cluster_and_loads_in_plain_keras
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "data=npz", f"data.path={npz}", "model._target_=mymodels.dense", "loss=mean_squared_error",
                   "metrics=regression", "strategy=multi_worker_mirrored", "cluster.workers=2", "optimizer=adam",
-                  "trainer.learning_rate=0.01", "trainer.epochs=8", "trainer.batch_size=50", "trainer.verbose=2")
+                  "trainer.learning_rate=0.02", "trainer.epochs=4", "trainer.batch_size=50", "trainer.verbose=2")
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["input_shape"] == [8] and results["num_classes"] == 1
