@@ -48,8 +48,10 @@ LONGEST_FIRST = ["test_resume",  # 115 s
                  "test_own_model",  # 45 s
                  "test_files",  # 45 s
                  "test_training",  # 35 s
+                 "test_task",  # 30 s
                  "test_storage",  # 28 s
                  "test_cli",  # 22 s
+                 "test_optimizer",  # 15 s
                  "test_cluster"]  # 12 s; the others take seconds
 
 
