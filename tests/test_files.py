@@ -163,25 +163,25 @@ def test_an_image_folder_trains_and_its_class_names_go_with_the_model(folder, tm
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
 def test_tfrecord_shards_train_on_a_local_cluster_each_worker_its_files(shards, tmp_path, strategy):
     """And validation with a callback that stops training: EarlyStopping sees no gain of 10 in val_loss
-    after epoch 1, twice: every worker stops after epoch 3 of 20 (parameter servers: the coordinator
-    validates on a copy of the weights), and the run ends ok."""
+    after epoch 1: every worker stops after epoch 2 of 20 (parameter servers: the coordinator validates
+    on a copy of the weights), and the run ends ok."""
     out = run_cli(tmp_path / "run", *tfrecord(shards, "data.num_classes=10"), f"strategy={strategy}",
                   "cluster.workers=2", *(["cluster.ps=1"] if strategy == "parameter_server" else []), *QUICK,
                   "trainer.epochs=20", "trainer.validate_every=1", "callbacks=early_stopping",
-                  "+callbacks.early_stopping.min_delta=10", "callbacks.early_stopping.patience=2",
+                  "+callbacks.early_stopping.min_delta=10", "callbacks.early_stopping.patience=1",
                   "callbacks.early_stopping.restore_best_weights=false")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "input: 2 pipelines (one per worker), sharded by FILE: each reads 2 of the 4 training files" in out.stdout
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["num_workers"] == 2 and results["data_source"] == "tfrecord"
-    assert results["test_accuracy"] > 0.7, results["history"]
-    assert results["stopped_early"] == "callbacks.early_stopping (EarlyStopping) stopped training after epoch 3"
-    assert len(results["history"]["val_loss"]) == 3
+    assert results["test_accuracy"] > 0.6, results["history"]  # (2 epochs of 15 steps; chance is 0.1)
+    assert results["stopped_early"] == "callbacks.early_stopping (EarlyStopping) stopped training after epoch 2"
+    assert len(results["history"]["val_loss"]) == 2
     assert results["history"]["val_loss"][-1] == pytest.approx(results["test_loss"], rel=1e-5)  # the same weights
-    assert "stopped training after epoch 3" in out.stdout.splitlines()[-1]
+    assert "stopped training after epoch 2" in out.stdout.splitlines()[-1]
     if strategy == "multi_worker_mirrored":  # both workers stopped there, together
         logs = [(tmp_path / "run" / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)]
-        assert all("Epoch 3/20" in log and "Epoch 4/20" not in log for log in logs), logs[1][-2000:]
+        assert all("Epoch 2/20" in log and "Epoch 3/20" not in log for log in logs), logs[1][-2000:]
     assert_nothing_left(tmp_path / "run")
 
 

@@ -136,15 +136,16 @@ print(type(model.loss).__name__, type(model.optimizer).__name__, model.predict(x
 
 
 @pytest.mark.slow
-def test_regression_on_tabular_rows_trains_on_a_cluster_and_loads_in_plain_keras(tmp_path):
-    """A user's model on (N, 8) float rows with a float target, mean squared error, MAE and RMSE, on a
-    local multi_worker_mirrored cluster of 2 workers; the SavedModel predicts in plain Keras."""
+def test_regression_on_tabular_rows_trains_as_a_user_runs_it_and_loads_in_plain_keras(tmp_path):
+    """A user's model on (N, 8) float rows with a float target, mean squared error, MAE and RMSE, from the
+    command line; the SavedModel predicts in plain Keras. (Metric states summed across workers: the
+    clusters of test_files, and the unit test above.)"""
     (tmp_path / "mymodels.py").write_text(MODELS)
     npz = regression_data(tmp_path / "rows.npz")
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "data=npz", f"data.path={npz}", "model._target_=mymodels.dense", "loss=mean_squared_error",
-                  "metrics=regression", "strategy=multi_worker_mirrored", "cluster.workers=2", "optimizer=adam",
-                  "trainer.learning_rate=0.02", "trainer.epochs=4", "trainer.batch_size=50", "trainer.verbose=2")
+                  "metrics=regression", "optimizer=adam", "trainer.learning_rate=0.02", "trainer.epochs=4",
+                  "trainer.batch_size=50", "trainer.verbose=2")
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["input_shape"] == [8] and results["num_classes"] == 1
