@@ -66,8 +66,10 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     if name not in fields:
         close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         if close:
-            example = _example(schema, close[0]) if schema is not Root else next(iter(SCHEMAS[close[0]])) \
-                if close[0] in SCHEMAS else ENTRIES[close[0]][1]  # a group: its default option
+            if schema is not Root:
+                example = _example(schema, close[0])
+            else:  # a group: its default option
+                example = next(iter(SCHEMAS[close[0]])) if close[0] in SCHEMAS else ENTRIES[close[0]][1]
             return (f"{full} is not a key of {parent or 'the config'}: "
                     f"set e.g. {parent + '.' if parent else ''}{close[0]}={example}")
         return (f"{full} is not a key of {parent or 'the config'} (it has {', '.join(fields)}): drop it, "

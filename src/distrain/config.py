@@ -137,14 +137,14 @@ OTHER_LABELS = {"categorical_crossentropy": "categorical", "binary_crossentropy"
 def check_metrics_fit_loss(cfg) -> None:
     """A metric of class indices beside a built-in loss of other labels would measure nonsense silently;
     data in files holds class indices, which only the default loss reads."""
-    from .data import class_labels  # (data.py reads the config's helpers: imported here, not at the top)
+    from .data import FILE_SOURCES, class_labels  # (data.py reads the config's helpers: imported here)
 
     loss = cfg.loss.get("name")
     for name, entry in (cfg.get("metrics") or {}).items():
         if loss in OTHER_LABELS and entry.get("_target_") in CLASS_INDEX_METRICS:
             raise ConfigError(f"metrics.{name} ({entry._target_}) reads integer class labels, but loss={loss} reads "
                               f"other labels: set metrics={OTHER_LABELS[loss]}, or remove it with ~metrics.{name}")
-    if cfg.data.source in ("tfrecord", "images") and not class_labels(cfg.loss):
+    if cfg.data.source in FILE_SOURCES and not class_labels(cfg.loss):
         raise ConfigError(f"data={cfg.data.source} holds integer class labels, which loss={loss or cfg.loss._target_} "
                           "does not read: use loss=sparse_categorical_crossentropy with data in files (other labels: "
                           "data=npz or a loader of your own)")
@@ -194,6 +194,15 @@ def instantiate(key: str, node, fix: str, **kwargs):
         return hydra.utils.instantiate(node, **kwargs, _convert_="all")
     except InstantiationException as exc:
         raise ConfigError(f"{key}={node._target_} failed ({reason(exc, node._target_)}): {fix}") from None
+
+
+def instantiate_as(key: str, node, kind: type, fix: str, wrong: str, drop=(), **kwargs):
+    """instantiate() of the node without its `drop` keys (distrain's, not the class's), which must give a
+    `kind`: else a ConfigError, "KEY=TARGET returned TYPE, not WRONG"."""
+    made = instantiate(key, OmegaConf.masked_copy(node, [k for k in node if k not in drop]), fix, **kwargs)
+    if not isinstance(made, kind):
+        raise ConfigError(f"{key}={node._target_} returned {type(made).__name__}, not {wrong}")
+    return made
 
 
 def parameters(target: str) -> set:

@@ -12,21 +12,20 @@ import tensorflow as tf
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from .config import instantiate, parameters, reason
+from .config import instantiate_as, parameters, reason
 from .errors import ConfigError
+
 
 def make_loss(node, probabilities: bool, reduction: str = "none", plain: bool = False):
     """The config's loss, of float32 outputs (a 16-bit output is cast first, as mixed precision wants).
     from_logits=auto: as the model's last activation says (softmax or sigmoid: probabilities).
     plain: the Keras loss itself (what a saved model is compiled with, to load without distrain)."""
-    arguments = OmegaConf.masked_copy(node, [k for k in node if k != "name"])
-    if arguments.get("from_logits") == "auto":
-        arguments.from_logits = not probabilities
-    loss = instantiate("loss._target_", arguments, "it must name a tf_keras loss class (or a function returning "
-                       "one) taking the loss node's other keys", reduction=reduction)
-    if not isinstance(loss, keras.losses.Loss):
-        raise ConfigError(f"loss._target_={node._target_} returned {type(loss).__name__}, not a tf_keras loss: name "
-                          "a tf_keras.losses class, or wrap a function in tf_keras.losses.LossFunctionWrapper")
+    if node.get("from_logits") == "auto":
+        node = OmegaConf.merge(node, {"from_logits": not probabilities})
+    loss = instantiate_as("loss._target_", node, keras.losses.Loss, "it must name a tf_keras loss class (or a function "
+                          "returning one) taking the loss node's other keys", "a tf_keras loss: name a tf_keras.losses "
+                          "class, or wrap a function in tf_keras.losses.LossFunctionWrapper", drop=("name",),
+                          reduction=reduction)
     return loss if plain else Float32(loss, reduction)
 
 
@@ -74,18 +73,12 @@ def make_metrics(node) -> dict:
     """{name: a new tf_keras Metric} for the config's metrics node, in its order; each named by its entry
     (as Keras's evaluate reports it) unless the entry names it."""
     metrics = {}
-    for name, entry in (node or {}).items():
-        if not OmegaConf.is_dict(entry) or not entry.get("_target_"):
-            raise ConfigError(f"metrics.{name} is not a metric: give it a _target_, e.g. metrics.{name}._target_="
-                              "tf_keras.metrics.MeanAbsoluteError, or remove it with ~metrics." + str(name))
+    for name, entry in (node or {}).items():  # (each a _target_ and its arguments: checking.check_entries)
         extra = {} if "name" in entry else {"name": str(name)}
-        metric = instantiate(f"metrics.{name}._target_", entry, "it must name a tf_keras metric class taking the "
-                             "entry's other keys", **extra)
-        if not isinstance(metric, keras.metrics.Metric):
-            raise ConfigError(f"metrics.{name}._target_={entry._target_} returned {type(metric).__name__}, not a "
-                              "tf_keras metric: name a tf_keras.metrics class, or wrap a function of (y_true, y_pred) "
-                              "in tf_keras.metrics.MeanMetricWrapper")
-        metrics[str(name)] = metric
+        metrics[str(name)] = instantiate_as(
+            f"metrics.{name}._target_", entry, keras.metrics.Metric, "it must name a tf_keras metric class taking "
+            "the entry's other keys", "a tf_keras metric: name a tf_keras.metrics class, or wrap a function of "
+            "(y_true, y_pred) in tf_keras.metrics.MeanMetricWrapper", **extra)
     return metrics
 
 

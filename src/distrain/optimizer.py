@@ -6,7 +6,7 @@ import math
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from .config import instantiate, parameters
+from .config import instantiate, instantiate_as, parameters
 from .errors import ConfigError
 
 # Keys of a schedule node that are distrain's, not the schedule class's.
@@ -91,13 +91,10 @@ def make_optimizer(cfg, steps_per_epoch: int, policy: str = "float32"):
     wraps it in loss scaling, as its gradients underflow without."""
     rate, line = learning_rate(cfg, steps_per_epoch)
     node = cfg.optimizer
-    arguments = OmegaConf.masked_copy(node, [k for k in node if k != "name"])
-    optimizer = instantiate("optimizer._target_", arguments, "it must name a tf_keras optimizer class (or a "
-                            "function returning one) taking learning_rate and the optimizer node's other keys",
-                            learning_rate=rate)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ConfigError(f"optimizer._target_={node._target_} returned {type(optimizer).__name__}, not a "
-                          "tf_keras optimizer: name a tf_keras.optimizers class (import tf_keras, not keras 3)")
+    optimizer = instantiate_as("optimizer._target_", node, keras.optimizers.Optimizer, "it must name a tf_keras "
+                               "optimizer class (or a function returning one) taking learning_rate and the optimizer "
+                               "node's other keys", "a tf_keras optimizer: name a tf_keras.optimizers class (import "
+                               "tf_keras, not keras 3)", drop=("name",), learning_rate=rate)
     if policy == "mixed_float16":
         optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer, f"optimizer: {node.get('name') or node._target_}, {line}"

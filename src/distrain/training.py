@@ -14,7 +14,7 @@ import tf_keras as keras
 from . import cpu, files, report, schema, storage
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, resume, segments
-from .config import check_batch_divides, instantiate
+from .config import check_batch_divides, instantiate_as
 from .context import RunContext
 from .errors import ConfigError, Diverged
 from .data import class_labels
@@ -122,10 +122,11 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
     if t.validate_every or callbacks:  # evaluate() during training, and callbacks' model.optimizer
         compile_model(model, optimizer, cfg, probabilities)
-    validate = make_validate(cfg, data, model, runner, lambda: build(cfg, data, policy)[:2], probabilities)
+    rebuild = lambda: build(cfg, data, policy)[:2]  # noqa: E731 - a local model and optimizer (parameter servers)
+    validate = make_validate(cfg, data, model, runner, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
                validate, callbacks, model)
-    model, optimizer = runner.finish(model, rebuild=lambda: build(cfg, data, policy)[:2])
+    model, optimizer = runner.finish(model, rebuild)
     compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test = model.evaluate(reader(cfg, data, training=False)(), steps=test_steps(data, t.batch_size), verbose=0,
                           return_dict=True)
@@ -164,11 +165,11 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
     """(model, optimizer, whether the model outputs probabilities, a line saying the optimizer and its
-    learning rate), built in the current strategy's scope."""
+    learning rate), built in the current strategy's scope. (The loss is checked against the outputs
+    where the training step is made: make_runner.)"""
     model = build_model(cfg.model, data.shape, data.classes)
     # (The forward pass builds a subclassed model's variables.)
     probabilities = check_model(model, data.sample, data.classes, class_labels(cfg.loss))
-    check_loss(make_loss(cfg.loss, probabilities), data.sample_labels, model(data.sample), schema.label(cfg.loss))
     optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
     return model, optimizer, probabilities, line
@@ -187,6 +188,7 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     t = cfg.trainer
     loss = make_loss(cfg.loss, probabilities)
     outputs = tf.cast(model(data.sample, training=False), tf.float32)
+    check_loss(loss, data.sample_labels, outputs, schema.label(cfg.loss))
     check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
     train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally)
@@ -241,11 +243,9 @@ def make_callbacks(cfg, model, steps: int, announce: bool) -> dict:
     the training loop does not call, are said in one line each."""
     callbacks = {}
     for name, entry in (cfg.get("callbacks") or {}).items():
-        callback = instantiate(f"callbacks.{name}._target_", entry, "it must name a tf_keras callback class taking "
-                               "the entry's other keys")
-        if not isinstance(callback, keras.callbacks.Callback):
-            raise ConfigError(f"callbacks.{name}._target_={entry._target_} returned {type(callback).__name__}, not a "
-                              "tf_keras callback: name a tf_keras.callbacks class (import tf_keras, not keras 3)")
+        callback = instantiate_as(f"callbacks.{name}._target_", entry, keras.callbacks.Callback, "it must name a "
+                                  "tf_keras callback class taking the entry's other keys", "a tf_keras callback: name "
+                                  "a tf_keras.callbacks class (import tf_keras, not keras 3)")
         callback.set_model(model)
         callback.set_params({"epochs": cfg.trainer.epochs, "steps": steps, "verbose": cfg.trainer.verbose})
         if announce and callback._implements_train_batch_hooks():
@@ -323,7 +323,8 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             print(f"Epoch {epoch + 1}/{t.epochs} - {runner.epoch_line(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
                   f"{values}", flush=True)
         for name, callback in callbacks.items():  # (before the checkpoint: a learning rate it changes is kept)
-            if str(getattr(callback, "monitor", "")).startswith("val_") and getattr(callback, "monitor") not in logs:
+            monitor = str(getattr(callback, "monitor", ""))
+            if monitor.startswith("val_") and monitor not in logs:
                 continue  # one watching validation acts at the epochs that validate
             callback.on_epoch_end(epoch, dict(logs))
             if model.stop_training and not progress.stopped_early:
