@@ -18,6 +18,8 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"PreemptionCheckpointHandler.total_run_calls (from",  # a deprecation inside TensorFlow, at SIGTERM
          b"ERROR:tensorflow:Worker /job:worker/", b"Local rendezvous is aborting with status",
          b"ERROR:tensorflow:Remote function on worker ",  # a ps task lost: retried, then the launcher acts
+         # (gRPC's own words for it, which may come on a line of their own where two threads wrote at once)
+         b"failed to connect to all addresses", b"Failed to connect to remote host",
          b"ERROR:tensorflow:Start cancelling closures due to error", b"RecvTensor cancelled for",
          b"Device filters can only be specified when initializing",  # a worker lost, then back
          b"OP_REQUIRES failed at",  # an op's error, which the task says in its own words
