@@ -114,7 +114,6 @@ CASES = [
     ("hidden-negative", ["model=mlp", "model.hidden_units=-5"], "model.hidden_units=-5 must be from 1 to 65536"),
     ("hidden-huge", ["model=mlp", "model.hidden_units=10000000"], "model.hidden_units=10000000 must be from 1"),
     ("download-negative", ["data.download_timeout=-1"], "data.download_timeout=-1.0 must be from 0 to 3600"),
-    ("shuffle-zero", ["data.shuffle_buffer=0"], "data.shuffle_buffer=0 must be a positive integer"),
     ("train-examples-zero", ["data=synthetic", "data.train_examples=0"], "data.train_examples=0 must be a positive"),
     ("test-examples-negative", ["data=synthetic", "data.test_examples=-3"], "data.test_examples=-3 must be a positive"),
     ("workers-zero", [*MWMS, "cluster.workers=0"], "cluster.workers=0 must be a positive integer"),
@@ -157,6 +156,13 @@ CASES = [
     ("callback-module", ["+callbacks.log={_target_: nosuch.Log}"], "callbacks.log._target_=nosuch.Log: there is no "
      "module nosuch"),
     ("validate-negative", ["trainer.validate_every=-1"], "trainer.validate_every=-1 must be 0 or more"),
+    ("validation-split-unused", ["data.validation_split=0.2"], "data.validation_split=0.2 holds out validation "
+     "data, which only validation reads: set trainer.validate_every=1"),
+    ("validation-split-range", ["data.validation_split=1.5"], "data.validation_split=1.5 must be at least 0 and below 1"),
+    ("validation-split-tfrecord", ["data=tfrecord", "data.train_files=/nonexistent/*.tfrecord",
+                                   "data.validation_split=0.2"], "data.validation_split=0.2 holds out arrays or image "
+     "folders, not TFRecord records: write a validation set as data.test_files"),
+    ("shuffle-negative", ["data.shuffle_buffer=-1"], "data.shuffle_buffer=-1 must be 0 or more"),
     ("data-source", ["data.source=s3"], "data.source=s3 must be one of auto, bundled, keras, idx, npz, synthetic"),
     ("communication", [*MWMS, "strategy.communication=mpi"], "strategy.communication=mpi must be one of auto"),
     ("isolate", ["cluster.isolate=maybe"], "cluster.isolate=maybe is not one of auto, true, false"),

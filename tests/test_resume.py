@@ -54,8 +54,11 @@ def crash_after(monkeypatch, steps: int) -> None:
 
 
 def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    """In-process, the loop every single-process strategy shares (mirrored: killed, below)."""
-    config = ["trainer.save_model=true", "trainer.epochs=3", *SGD_MLP]  # 1024 // 64 = 16 steps an epoch
+    """In-process, the loop every single-process strategy shares (mirrored: killed, below), with a
+    learning rate that changes every step (warm-up, then cosine decay): the optimizer's step count,
+    checkpointed with it, drives the schedule."""
+    config = ["trainer.save_model=true", "trainer.epochs=3", *SGD_MLP,  # 1024 // 64 = 16 steps an epoch
+              "schedule=cosine", "schedule.warmup_steps=10"]
     uninterrupted, whole = train(small(*config), tmp_path / "whole")
 
     crash_after(monkeypatch, 23)  # the 4th segment of epoch 2 never runs

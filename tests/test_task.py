@@ -13,10 +13,22 @@ import tf_keras as keras
 
 from distrain.checking import check
 from distrain.metrics import Tally, make_metrics
-from helpers import RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli, tensorboard_values
+from helpers import ROOT, RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli, tensorboard_values
 
 MODELS = '''
 import tf_keras as keras
+
+
+def seeded(input_shape, num_classes, activation=None, l2=0.0):
+    """The same initial weights in every process (seeded initializers), and an L2 penalty on the hidden
+    layer: for comparisons with plain Keras's fit."""
+    def init(seed):
+        return keras.initializers.GlorotUniform(seed=seed)
+    return keras.Sequential([
+        keras.Input(shape=input_shape),
+        keras.layers.Dense(16, activation="relu", kernel_initializer=init(1),
+                           kernel_regularizer=keras.regularizers.L2(l2) if l2 else None),
+        keras.layers.Dense(num_classes, activation=activation, kernel_initializer=init(2))], name="seeded")
 
 
 def dense(input_shape, num_classes, width=32, activation=None):
@@ -118,10 +130,7 @@ def test_a_sweeps_objective_must_be_a_number_its_runs_report():
 
 def regression_data(path, n=1200, features=8, seed=0):
     """Tabular rows and a float target: a fixed smooth function of them, plus a little noise."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, features)).astype(np.float32)
-    y = (x[:, 0] - 0.5 * x[:, 1] + 0.25 * x[:, 2] * x[:, 3] + 0.05 * rng.normal(size=n)).astype(np.float32)
-    np.savez(path, x_train=x[:1000], y_train=y[:1000], x_test=x[1000:], y_test=y[1000:])
+    np.savez(path, **dict(zip(("x_train", "y_train", "x_test", "y_test"), _splits(*_regression_rows(n, features, seed)))))
     return path
 
 
@@ -168,9 +177,7 @@ def test_multi_label_rows_train_with_binary_crossentropy_and_a_sigmoid(tmp_path)
     binary accuracy and AUC, in-process on 2 replicas."""
     from distrain.training import train
 
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(1200, 6)).astype(np.float32)
-    y = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0, x[:, 3] * x[:, 4] > 0], axis=1).astype(np.float32)
+    x, y = multi_label_data()
     np.savez(tmp_path / "multi.npz", x_train=x[:1000], y_train=y[:1000], x_test=x[1000:], y_test=y[1000:])
     cfg = check(make_cfg("data=npz", f"data.path={tmp_path / 'multi.npz'}", "model._target_=test_task_models.dense",
                    "+model.activation=sigmoid", "loss=binary_crossentropy", "metrics=binary",
@@ -182,6 +189,86 @@ def test_multi_label_rows_train_with_binary_crossentropy_and_a_sigmoid(tmp_path)
     assert results["test_accuracy"] > 0.8 and results["test_auc"] > 0.85, results
     probabilities = model(x[1000:1010]).numpy()
     assert ((probabilities >= 0) & (probabilities <= 1)).all()
+
+
+def multi_label_data(n=1200, seed=1):
+    """(N, 6) rows, multi-hot labels (N, 3): three rules of the features."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    y = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0, x[:, 3] * x[:, 4] > 0], axis=1).astype(np.float32)
+    return x, y
+
+
+# Each task as distrain's config names it, and as plain Keras's compile() would: the same classes.
+FIT_TASKS = {
+    "regression": (["loss=mean_squared_error", "metrics=regression", "optimizer=adam", "schedule=cosine",
+                    "+model.l2=0.01"],
+                   lambda steps: dict(optimizer=keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(
+                       0.01, decay_steps=steps)), loss=keras.losses.MeanSquaredError(),
+                       metrics=[keras.metrics.MeanAbsoluteError(name="mae"),
+                                keras.metrics.RootMeanSquaredError(name="rmse")]), {"activation": None, "l2": 0.01}),
+    "multi_label": (["loss=binary_crossentropy", "metrics=binary", "optimizer=sgd", "optimizer.momentum=0.9",
+                     "+model.activation=sigmoid"],
+                    lambda steps: dict(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                                       loss=keras.losses.BinaryCrossentropy(),
+                                       metrics=[keras.metrics.BinaryAccuracy(name="accuracy"),
+                                                keras.metrics.AUC(name="auc")]), {"activation": "sigmoid"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", FIT_TASKS)
+def test_sync_training_reports_what_keras_fit_reports_and_mirrored_ends_alike(tmp_path, task):
+    """distrain without shuffling (data.shuffle_buffer=0), float32: each epoch's training loss (with the
+    L2 penalty) and metrics equal plain Keras fit(shuffle=False)'s on the same data, initial weights,
+    optimizer, schedule and batch; the weights too. mirrored on 2 virtual CPUs ends with the same weights."""
+    from distrain.training import train
+
+    overrides, compile_args, builder_args = FIT_TASKS[task]
+    rows = _regression_rows() if task == "regression" else multi_label_data()
+    np.savez(tmp_path / "d.npz", **dict(zip(("x_train", "y_train", "x_test", "y_test"), _splits(*rows))))
+    sys.modules.setdefault("test_task_models", _module(MODELS))
+    epochs, batch = 3, 50  # 1000 training rows: 20 whole batches an epoch
+    ran = {}
+    for strategy in ("default", "mirrored"):
+        cfg = check(make_cfg("data=npz", f"data.path={tmp_path / 'd.npz'}", "data.shuffle_buffer=0",
+                             "model._target_=test_task_models.seeded", f"strategy={strategy}",
+                             "trainer.mixed_precision=false", "trainer.learning_rate=0.01", f"trainer.epochs={epochs}",
+                             f"trainer.batch_size={batch}", "trainer.verbose=0", "trainer.save_model=false", *overrides))
+        results, model = train(cfg, tmp_path / strategy)
+        ran[strategy] = results["history"], [w.copy() for w in model.get_weights()]
+
+    data = np.load(tmp_path / "d.npz")
+    x, y = data["x_train"], data["y_train"].reshape(1000, -1)
+
+    def fit(shuffle: bool):
+        keras.utils.set_random_seed(0)  # (the shuffled control's order)
+        plain = sys.modules["test_task_models"].seeded((x.shape[1],), y.shape[1], **builder_args)
+        plain.compile(**compile_args(epochs * 1000 // batch))
+        history = plain.fit(x, y, batch_size=batch, epochs=epochs, shuffle=shuffle, verbose=0).history
+        return history, plain.get_weights()
+
+    history, weights = fit(shuffle=False)
+    for strategy, (reported, trained) in ran.items():
+        assert set(reported) == set(history)
+        for name in history:
+            assert reported[name] == pytest.approx(history[name], rel=1e-5, abs=1e-6), (strategy, name)
+        for ours, theirs in zip(trained, weights):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5, err_msg=strategy)
+    # The control: fit on another order of the same batches fails the same comparisons.
+    shuffled, other = fit(shuffle=True)
+    assert shuffled["loss"] != pytest.approx(history["loss"], rel=1e-5, abs=1e-6)
+    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(other, weights))
+
+
+def _regression_rows(n=1200, features=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    return x, (x[:, 0] - 0.5 * x[:, 1] + 0.25 * x[:, 2] * x[:, 3] + 0.05 * rng.normal(size=n)).astype(np.float32)
+
+
+def _splits(x, y, train=1000):
+    return x[:train], y[:train], x[train:], y[train:]
 
 
 def _module(source: str):
@@ -216,3 +303,79 @@ def test_validation_and_callbacks_see_the_logs_fit_would_give_them(tmp_path):
     rates = tensorboard_values(tmp_path / "run" / "tensorboard" / "train")["epoch_learning_rate"]
     # Epoch 1 sets the callback's best loss; epoch 2 does not beat it by 10: halved, before the rate is logged.
     assert rates == pytest.approx([0.002, 0.001])
+
+
+@pytest.mark.slow
+def test_validation_split_holds_out_the_last_training_rows_for_validation(tmp_path):
+    """data.validation_split=0.2 of 1000 rows: training on the first 800 (16 steps of 50 an epoch), and
+    validation on the last 200, as fit(validation_split=0.2) holds them out; the test set stays test_*."""
+    from distrain.training import train
+
+    npz = regression_data(tmp_path / "rows.npz")
+    sys.modules.setdefault("test_task_models", _module(MODELS))
+    cfg = check(make_cfg("data=npz", f"data.path={npz}", "data.validation_split=0.2", "trainer.validate_every=1",
+                         "model._target_=test_task_models.dense", "loss=mean_squared_error", "metrics=regression",
+                         "trainer.epochs=2", "trainer.batch_size=50", "trainer.verbose=0", "trainer.save_model=false"))
+    results, model = train(cfg, tmp_path / "run")
+    assert results["global_steps"] == 2 * 16 and results["train_examples"] == 800, results
+    data = np.load(npz)
+    held_out = model.evaluate(data["x_train"][800:], data["y_train"][800:, None], verbose=0, return_dict=True)
+    assert results["history"]["val_loss"][-1] == pytest.approx(held_out["loss"], rel=1e-5)
+    assert results["history"]["val_mae"][-1] == pytest.approx(held_out["mae"], rel=1e-5)
+    assert results["test_loss"] != pytest.approx(held_out["loss"], rel=1e-3)  # the control: the test set is another
+
+
+@pytest.mark.slow
+def test_a_16_bit_output_is_evaluated_in_float32_and_the_user_is_told(tmp_path, capsys):
+    """Under mixed precision a user's model that ends in a 16-bit layer: Keras's evaluate would give
+    its metrics 16-bit outputs and labels (R2Score refuses them); distrain's evaluate casts both back to
+    float32, and a line says to give the last layer dtype='float32'."""
+    from distrain.training import train
+
+    npz = regression_data(tmp_path / "rows.npz")
+    sys.modules.setdefault("test_task_models", _module(MODELS))
+    cfg = check(make_cfg("data=npz", f"data.path={npz}", "trainer.validate_every=1", "trainer.mixed_precision=true",
+                         "model._target_=test_task_models.dense", "loss=mean_squared_error", "metrics=regression",
+                         "+metrics.r2={_target_: tf_keras.metrics.R2Score}", "trainer.epochs=2",
+                         "trainer.batch_size=50", "trainer.verbose=2", "trainer.save_model=false"))
+    try:
+        results, model = train(cfg, tmp_path / "run")
+        data = np.load(npz)
+        plain = sys.modules["test_task_models"].dense((8,), 1)  # the control: Keras's own evaluate
+        plain.compile(loss="mse", metrics=[keras.metrics.R2Score()])
+        with pytest.raises(ValueError, match="requested dtype float32 for Tensor with dtype bfloat16"):
+            plain.evaluate(data["x_test"], data["y_test"], verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert ("warning: model dense outputs bfloat16 (mixed_bfloat16), and Keras's evaluate rounds float labels to the "
+            "outputs' type: give its last layer dtype='float32'") in capsys.readouterr().out
+    y, outputs = data["y_test"], model.predict(data["x_test"], batch_size=50, verbose=0).astype(np.float32)[:, 0]
+    r2 = 1 - np.sum((y - outputs) ** 2) / np.sum((y - y.mean()) ** 2)
+    # (predict's bfloat16 kernels may round otherwise than evaluate's: to 1e-3)
+    assert results["test_r2"] == pytest.approx(r2, abs=1e-3) and results["history"]["val_r2"][-1] == results["test_r2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example, check", [
+    ("diabetes", lambda r: r["test_loss"] < 0.75 and r["num_classes"] == 1 and "stopped_early" in r),  # mean: 1
+    ("breast_cancer", lambda r: r["test_accuracy"] > 0.9 and r["test_auc"] > 0.95),  # the majority: 0.63
+])
+def test_the_task_examples_train_from_their_own_directories(monkeypatch, tmp_path, example, check):
+    """examples/diabetes (regression, validation rows, early stopping) and examples/breast_cancer
+    (binary, AdamW, warm-up and cosine): their loaders read scikit-learn's bundled tables, their
+    experiment presets name the task."""
+    from distrain.config import validate
+    from distrain.training import train
+
+    directory = ROOT / "examples" / example
+    monkeypatch.chdir(directory)
+    monkeypatch.syspath_prepend(str(directory))
+    sys.modules.pop("models", None)  # (every example has a models.py: another's may be imported)
+    try:
+        cfg = validate(make_cfg(f"hydra.searchpath=[file://{directory / 'conf'}]", f"experiment={example}",
+                                "trainer.verbose=0", "trainer.save_model=false"))
+        results, _ = train(cfg, tmp_path)
+    finally:
+        sys.modules.pop("models", None)
+        sys.modules.pop(example, None)
+    assert check(results), {k: v for k, v in results.items() if k != "history"}

@@ -58,6 +58,13 @@ def validate(cfg: DictConfig) -> DictConfig:
             check_importable(f"{group}.{name}._target_", entry._target_)
     check_monitors(cfg)
     check_metrics_fit_loss(cfg)
+    split = cfg.data.get("validation_split")
+    if split and cfg.data.source == "tfrecord":
+        raise ConfigError(f"data.validation_split={split} holds out arrays or image folders, not TFRecord records: "
+                          "write a validation set as data.test_files, or drop data.validation_split")
+    if split and cfg.data.source != "images" and not t.validate_every:
+        raise ConfigError(f"data.validation_split={split} holds out validation data, which only validation reads: "
+                          "set trainer.validate_every=1 (or every N epochs), or drop data.validation_split")
     if cfg.schedule.warmup_steps and cfg.schedule.warmup_epochs:
         raise ConfigError(f"schedule.warmup_steps={cfg.schedule.warmup_steps} and schedule.warmup_epochs="
                           f"{cfg.schedule.warmup_epochs} are both set: set one of them, the other 0")

@@ -46,6 +46,27 @@ class Float32(keras.losses.Loss):
         return {**super().get_config(), "loss": keras.losses.serialize(self.loss)}
 
 
+class Float32Metric(keras.metrics.Metric):
+    """A Keras metric given float32 outputs, for evaluate(): as the training steps give them (a 16-bit
+    output under mixed precision is cast first; some metrics cannot take one, R2Score say)."""
+
+    def __init__(self, metric):
+        super().__init__(name=metric.name, dtype=metric.dtype)
+        self.metric = metric
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if y_true.dtype.is_floating:  # (Keras casts float labels to the outputs' type before metrics)
+            y_true = tf.cast(y_true, tf.float32)
+        # (the class's own methods: the instance's are Keras's wrappers, which read replicas' values once)
+        return type(self.metric).update_state(self.metric, y_true, tf.cast(y_pred, tf.float32), sample_weight)
+
+    def result(self):
+        return type(self.metric).result(self.metric)
+
+    def reset_state(self):
+        self.metric.reset_state()
+
+
 def check_labels(node, labels) -> None:
     """Labels a built-in cross-entropy would misread without an error: class indices given to the
     one-hot loss (a model of one output, whose softmax is always 1)."""
@@ -183,7 +204,7 @@ class Tally:
         for name, metric in self.metrics.items():
             for (_, variable), shape in zip(_state(metric), self.shapes[name]):
                 n = int(shape.num_elements())
-                variable.assign(tf.reshape(tf.constant(totals[at:at + n], variable.dtype), shape))
+                variable.assign(tf.reshape(tf.cast(tf.constant(totals[at:at + n]), variable.dtype), shape))
                 at += n
             result = metric.result()
             found.append((name, float(tf.reduce_mean(tf.cast(result, tf.float32)))))  # (per-class: their mean)

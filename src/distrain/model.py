@@ -119,10 +119,10 @@ def compile_model(model: keras.Model, optimizer, cfg, probabilities: bool = Fals
     """For evaluate(), and so that a SavedModel can train on, with the config's loss and metrics. plain:
     Keras's own loss, which a process without distrain can load (evaluate's casts a 16-bit output to
     float32 first)."""
-    from .metrics import make_loss, make_metrics
+    from .metrics import Float32Metric, make_loss, make_metrics
 
     with model.distribute_strategy.scope():  # Keras wants a model's metrics made where its variables were
-        metrics = list(make_metrics(cfg.get("metrics")).values())
+        metrics = [m if plain else Float32Metric(m) for m in make_metrics(cfg.get("metrics")).values()]
     model.compile(
         optimizer=optimizer,
         loss=make_loss(cfg.loss, probabilities, reduction="auto", plain=plain),

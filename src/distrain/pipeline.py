@@ -77,16 +77,18 @@ class FileReader:
             batch = t.batch_size // pipelines
         files, labels = list(found.train_files), list(found.train_labels)
         if pipelines > 1 and len(files) >= pipelines:  # FILE: files index, index + pipelines, ...
-            ds = self._records(files, labels, shuffle=True, shard=(pipelines, index))
+            ds = self._records(files, labels, shuffle=bool(self.cfg.data.shuffle_buffer), shard=(pipelines, index))
         else:  # DATA: every file, one record in `pipelines`
-            ds = self._records(files, labels, shuffle=True)
+            ds = self._records(files, labels, shuffle=bool(self.cfg.data.shuffle_buffer))
             if pipelines > 1:
                 ds = ds.shard(pipelines, index)
         cache = self.cfg.data.get("cache")
         if cache:  # decoded once, the first epoch; then read from the cache
             ds = ds.batch(256).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
             ds = ds.cache("" if cache == "memory" else cache)
-        ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True).repeat()
+        if self.cfg.data.shuffle_buffer:
+            ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True)
+        ds = ds.repeat()
         if self.skip:  # a resumed run: the batches already trained, passed over as records
             ds = ds.skip(self.skip * batch)
         ds = ds.batch(batch, drop_remainder=True)

@@ -34,6 +34,10 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
             logits = model(images, training=True)
             losses = loss_fn(labels, logits)
             loss = tf.nn.compute_average_loss(losses)  # over the global batch: replica gradients sum to the mean
+            if model.losses:  # the layers' penalties (kernel_regularizer, add_loss), as fit adds them
+                penalty = tf.add_n([tf.cast(x, tf.float32) for x in model.losses])
+                loss += tf.nn.scale_regularization_loss(penalty)
+                losses = tf.cast(losses, tf.float32) + penalty  # reported as fit reports it: with the penalty
             if scaled:
                 loss = optimizer.get_scaled_loss(loss)
         grads = tape.gradient(loss, model.trainable_variables)

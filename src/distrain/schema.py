@@ -342,7 +342,11 @@ class OwnLoss:
 # ---- data -------------------------------------------------------------------------------------------
 
 NUM_CLASSES = key(None, "classes (null: one more than the largest label)", POSITIVE, example=10)
-SHUFFLE_BUFFER = key(10000, "examples in the shuffle buffer", POSITIVE)
+VALIDATION_SPLIT = key(0.0, "the last fraction of the training examples, held out as validation data (as "
+                       "fit(validation_split) does): trainer.validate_every evaluates on it instead of the test data",
+                       FRACTION, example=0.2)
+SHUFFLE_BUFFER = key(10000, "examples in the shuffle buffer (0: no shuffling, the examples in their order every "
+                     "epoch, as fit(shuffle=False))", NOT_NEGATIVE)
 
 
 @dataclass
@@ -359,6 +363,7 @@ class Data:
                                   Check(lambda v: 0 <= v <= 3600, "must be from 0 to 3600 seconds"))
     shuffle_buffer: int = SHUFFLE_BUFFER
     num_classes: Optional[int] = NUM_CLASSES
+    validation_split: float = VALIDATION_SPLIT
 
 
 @dataclass
@@ -426,6 +431,7 @@ class Loader:
     source: str = key("loader", "loader", one_of("loader"))
     shuffle_buffer: int = SHUFFLE_BUFFER
     num_classes: Optional[int] = NUM_CLASSES
+    validation_split: float = VALIDATION_SPLIT
 
 
 # ---- strategy ---------------------------------------------------------------------------------------

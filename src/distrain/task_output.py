@@ -15,6 +15,7 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"Ignoring an error encountered when deleting remote tensors",
          b"encountered the following error when processing", b"\t [[{{node ",
          b"MultiDeviceSaver.save.<locals>.tf_function_save",  # its checkpoints under parameter servers
+         b"Skipping full serialization of TF-Keras layer",  # a lazily built metric (R2Score): loads all the same
          b"PreemptionCheckpointHandler.total_run_calls (from",  # a deprecation inside TensorFlow, at SIGTERM
          b"ERROR:tensorflow:Worker /job:worker/", b"Local rendezvous is aborting with status",
          b"ERROR:tensorflow:Remote function on worker ",  # a ps task lost: retried, then the launcher acts

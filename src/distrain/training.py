@@ -52,6 +52,8 @@ class Arrays(NamedTuple):
     y_test: np.ndarray
     classes: int
     steps: int  # global steps an epoch
+    x_val: np.ndarray | None = None  # data.validation_split's, held out of the training arrays
+    y_val: np.ndarray | None = None
 
     shape = property(lambda self: self.x_train.shape[1:])
     train_examples = property(lambda self: len(self.y_train))
@@ -80,11 +82,13 @@ def test_steps(data, batch_size: int) -> int | None:
     return -(-data.test_examples // batch_size) if isinstance(data, Files) else None
 
 
-def reader(cfg, data, training: bool = True, **kwargs):
-    """The input reader of this data (pipeline.py): of the training split, else of the test split."""
+def reader(cfg, data, training: bool = True, validation: bool = False, **kwargs):
+    """The input reader of this data (pipeline.py): of the training split, else of the test split, or
+    of the validation split where data.validation_split held one out."""
     if isinstance(data, Files):
         return FileReader(data.found, cfg, training=training, **kwargs)
-    x, y = (data.x_train, data.y_train) if training else (data.x_test, data.y_test)
+    x, y = (data.x_train, data.y_train) if training else (data.x_val, data.y_val) \
+        if validation and data.y_val is not None else (data.x_test, data.y_test)
     return InputReader(x, y, cfg, training=training, **kwargs)
 
 
@@ -152,6 +156,10 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
     else:
         (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, class_labels(cfg.loss))
         check_labels(cfg.loss, y_train)
+        x_val = y_val = None
+        if cfg.data.get("validation_split"):  # the last examples, as fit(validation_split) holds them out
+            cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
+            (x_train, x_val), (y_train, y_val) = np.split(x_train, [cut]), np.split(y_train, [cut])
         examples = len(y_train)
     steps = t.get("steps_per_epoch") or examples // t.batch_size
     if steps == 0:
@@ -160,7 +168,8 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
     if cfg.data.source in data_lib.FILE_SOURCES:
         return Files(found, steps, FileReader(found, cfg).sample())
     return Arrays(x_train, y_train, x_test, y_test,
-                  data_lib.num_classes(cfg.data, (y_train, y_test), class_labels(cfg.loss)), steps)
+                  data_lib.num_classes(cfg.data, (y_train, y_test, *([] if y_val is None else [y_val])),
+                                       class_labels(cfg.loss)), steps, x_val, y_val)
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
@@ -172,6 +181,11 @@ def build(cfg, data: Arrays, policy: str) -> tuple:
     probabilities = check_model(model, data.sample, data.classes, class_labels(cfg.loss))
     optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
+    outputs = model(tf.convert_to_tensor(data.sample[:1]), training=False)
+    if not class_labels(cfg.loss) and isinstance(outputs, tf.Tensor) and outputs.dtype.size < 4:
+        line += (f"\nwarning: model {model.name} outputs {outputs.dtype.name} ({policy}), and Keras's evaluate rounds "
+                 "float labels to the outputs' type: give its last layer dtype='float32' (as Keras's mixed-precision "
+                 "guide says), or set trainer.mixed_precision=false")
     return model, optimizer, probabilities, line
 
 
@@ -261,7 +275,7 @@ def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
     ps tasks); else every worker evaluates its share, as Keras's evaluate() does."""
     if not cfg.trainer.validate_every:
         return None
-    test = reader(cfg, data, training=False)()
+    test = reader(cfg, data, training=False, validation=True)()
     steps = test_steps(data, cfg.trainer.batch_size)
     if not isinstance(runner, AsyncEpochs):
         return lambda: model.evaluate(test, steps=steps, verbose=0, return_dict=True)
