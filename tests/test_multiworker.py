@@ -18,8 +18,8 @@ import tf_keras as keras
 
 from distrain import data
 from distrain.training import train
-from helpers import (RUN_TIMEOUT, alive, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_pids,
-                     task_state, tensorboard_values, untimed, wait_until, write_idx)
+from helpers import (RUN_TIMEOUT, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_state,
+                     tensorboard_values, untimed, wait_until, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
