@@ -47,9 +47,12 @@ def is_png(path: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def worker_sweep(tmp_path_factory):
-    """multi_worker_mirrored over 1 and 2 workers: run once, read by several tests."""
+    """multi_worker_mirrored over 1 and 2 workers, 64 examples a worker, the learning rate scaled with
+    the global batch (trainer.lr_scaling=linear): run once, read by several tests."""
     sweep_dir = tmp_path_factory.mktemp("workers") / "sweep"
-    out = multirun(sweep_dir, "strategy=multi_worker_mirrored", "cluster.workers=1,2", *TINY)
+    out = multirun(sweep_dir, "strategy=multi_worker_mirrored", "cluster.workers=1,2", *TINY,
+                   "trainer.batch_size='${distrain.mul:64,${cluster.workers}}'", "trainer.lr_scaling=linear",
+                   "trainer.reference_batch_size=64")
     return sweep_dir, out
 
 
@@ -64,13 +67,19 @@ def test_a_sweep_ends_with_a_summary_table_and_a_scaling_plot(worker_sweep):
     assert float(rows[0]["speedup"]) == pytest.approx(1.0) and float(rows[0]["efficiency"]) == pytest.approx(1.0)
     assert float(rows[1]["speedup"]) == pytest.approx(speedup)
     assert float(rows[1]["efficiency"]) == pytest.approx(speedup / 2)  # 2 replicas against 1
-    assert [r["replicas"] for r in rows] == ["1", "2"] and [r["per_replica_batch"] for r in rows] == ["64", "32"]
+    assert [r["replicas"] for r in rows] == ["1", "2"] and [r["per_replica_batch"] for r in rows] == ["64", "64"]
+    # The learning rate grows with the global batch (Goyal et al.), and the first lines say so.
+    rate = results[0]["learning_rate"]
+    assert [(r["global_batch_size"], r["scaled_learning_rate"]) for r in results] == [(64, rate), (128, 2 * rate)]
+    log = (sweep_dir / rows[1]["run_dir"] / "logs" / "worker-0.log").read_text()
+    assert (f"learning rate {2 * rate:g} (trainer.learning_rate {rate:g} x 2: linear scaling, global batch 128 / "
+            "reference 64)") in log
     assert float(rows[1]["test_accuracy"]) == pytest.approx(results[1]["test_accuracy"])
     # Control: a column the sweep did not vary is not a column of its own.
     assert "trainer.epochs" not in rows[0] and "cluster.workers" in rows[0]
     md = (sweep_dir / "summary.md").read_text()
     assert "| job | cluster.workers | status |" in md
-    assert "strong scaling (global batch 64 fixed" in md
+    assert "weak scaling (per-replica batch 64 fixed" in md
     assert "| job | cluster.workers | status |" in out.stdout  # the same table on the terminal
     assert "job #1 (cluster.workers=2): ok - test accuracy" in out.stderr + out.stdout  # each job's closing line
     assert is_png(sweep_dir / "scaling.png")
@@ -357,6 +366,9 @@ def test_partial_sweep_rows_and_weak_scaling(tmp_path):
                                          "batch 128 fixed, work grows with the replicas)"]
     summary = sweep.summarize(tmp_path, out=open(os.devnull, "w"))
     assert summary.failed == [rows[2]] and is_png(tmp_path / "scaling.png")
+    strong = [dict(r, global_batch=128, per_replica_batch=128 // r["replicas"]) for r in rows[:2]]
+    assert sweep.scaling_notes(strong) == ["multi_worker_mirrored over 1/2 replicas: strong scaling (global batch "
+                                           "128 fixed, split over the replicas)"]
 
 
 def test_each_metric_a_run_measured_is_a_column_of_the_summary(tmp_path):

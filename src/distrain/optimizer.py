@@ -1,13 +1,12 @@
 """The optimizer and its learning rate over the run: the config's `optimizer` and `schedule` nodes (a
 tf_keras class named by `_target_`, with its arguments), the warm-up, and the scaling of the learning
 rate with the global batch (trainer.lr_scaling)."""
-import math
-
 import tf_keras as keras
 from omegaconf import OmegaConf
 
 from .config import instantiate, instantiate_as, parameters
 from .errors import ConfigError
+from .schema import lr_factor
 
 # Keys of a schedule node that are distrain's, not the schedule class's.
 WARMUP_KEYS = ("warmup_steps", "warmup_epochs")
@@ -43,12 +42,6 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
         return cls(schedule, config["factor"], config["steps"])
 
 
-def scaling(t) -> float:
-    """The factor trainer.lr_scaling puts on the learning rate for this global batch."""
-    ratio = t.batch_size / t.reference_batch_size
-    return {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[t.lr_scaling]
-
-
 def learning_rate(cfg, steps_per_epoch: int):
     """(The learning rate to give the optimizer: a float or a schedule, and one line saying it and why)."""
     t, node = cfg.trainer, cfg.schedule
@@ -59,7 +52,7 @@ def learning_rate(cfg, steps_per_epoch: int):
     if warmup >= total:
         raise ConfigError(f"the warm-up ({warmup} steps) is not shorter than the run ({total} steps): lower "
                           "schedule.warmup_steps or schedule.warmup_epochs, or raise trainer.epochs")
-    factor = scaling(t)
+    factor = lr_factor(t)
     said = [f"learning rate {t.learning_rate * factor:g}"]  # joined by spaces
     if factor != 1:
         said.append(f"(trainer.learning_rate {t.learning_rate:g} x {factor:g}: {t.lr_scaling} scaling, global batch "

@@ -16,6 +16,7 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "model_params": f["model_params"], "input_shape": list(data.shape), "num_classes": data.classes,
              "model_outputs": f["model_outputs"], "optimizer": schema.label(cfg.optimizer), "learning_rate": t.learning_rate,
              "schedule": schema.label(cfg.schedule), "lr_scaling": t.lr_scaling,
+             "scaled_learning_rate": t.learning_rate * schema.lr_factor(t),
              "epochs": t.epochs, "global_batch_size": t.batch_size,
              "per_replica_batch_size": f["per_replica_batch_size"], "steps_per_execution": f["steps_per_execution"],
              "precision_policy": f["precision_policy"], "onednn": f["onednn"], "jit_compile": t.jit_compile,

@@ -131,6 +131,12 @@ class Trainer:
                          "hydra.sweeper.direction=minimize for a loss)")
 
 
+def lr_factor(t) -> float:
+    """The factor trainer.lr_scaling puts on trainer.learning_rate for the global batch."""
+    ratio = t.batch_size / t.reference_batch_size
+    return {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[t.lr_scaling]
+
+
 # ---- model ------------------------------------------------------------------------------------------
 
 MODEL_PATH_DOC = ("a saved Keras model (.keras file or SavedModel directory, e.g. a run's saved_model) to go on "
