@@ -372,17 +372,29 @@ def test_partial_sweep_rows_and_weak_scaling(tmp_path):
 
 
 def test_each_metric_a_run_measured_is_a_column_of_the_summary(tmp_path):
-    """A regression sweep's test metrics (test_mae, test_rmse) beside its loss; no accuracy to show."""
+    """A regression sweep's test metrics (test_mae, test_rmse) beside its loss, in the summary and as
+    columns of TensorBoard's HParams dashboard (the final training mae too); no accuracy to show."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
     ok = {"status": "ok", "exit_status": 0, "error": "", "log_tail": []}
     for num, rate in enumerate(("0.01", "0.02")):
         results = {k: v for k, v in _results("default", 1, 64, 64, 1000.0).items() if k != "test_accuracy"}
-        _job(tmp_path, num, [f"trainer.learning_rate={rate}"], ok, results | {"test_mae": 0.25 + num,
-                                                                             "test_rmse": 0.5 + num})
+        _job(tmp_path, num, [f"trainer.learning_rate={rate}"], ok, results | {
+            "test_mae": 0.25 + num, "test_rmse": 0.5 + num, "history": {"loss": [0.3], "mae": [0.2], "val_mae": [0.3]}})
+        (tmp_path / str(num) / "config.yaml").write_text("trainer: {tensorboard: true}\n")
     sweep.summarize(tmp_path, out=open(os.devnull, "w"))
     rows = read_csv(tmp_path / "summary.csv")
     assert [(r["test_mae"], r["test_rmse"]) for r in rows] == [("0.25", "0.5"), ("1.25", "1.5")]
     header = (tmp_path / "summary.md").read_text().split("| job |")[1].splitlines()[0]
     assert "test_loss | test_mae | test_rmse |" in header and "test_accuracy" not in header
+    [experiment] = [plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content).experiment
+                    for path in (tmp_path / dashboard.LOG_DIR).glob("events.*")
+                    for event in EventFileLoader(str(path)).Load() for value in event.summary.value
+                    if value.metadata.plugin_data.plugin_name == "hparams"]
+    columns = [(m.name.group, m.name.tag) for m in experiment.metric_infos]
+    assert columns[:3] == [("", "test_loss"), ("", "test_mae"), ("", "test_rmse")], columns
+    assert ("train", "epoch_mae") in columns and ("", "test_accuracy") not in columns
 
 
 def test_speedups_are_per_strategy_and_blank_without_a_scaling_dimension():

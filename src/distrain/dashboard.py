@@ -28,11 +28,16 @@ FILE = "events.out.tfevents.0.distrain-hparams"  # one per session, rewritten as
 # The session's hyperparameters beyond the swept keys: name <- results.json key
 FACTS = [("strategy", "strategy"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
          ("global_batch", "global_batch_size"), ("model", "model"), ("data", "data"), ("precision", "precision_policy")]
-# Its metrics: tag <- results.json key (speedup and efficiency: the sweep's, from its summary)
-METRICS = [("test_accuracy", "test_accuracy"), ("test_loss", "test_loss"), ("examples_per_sec", "examples_per_sec"),
-           ("steps_per_sec", "steps_per_sec"), ("train_seconds", "train_seconds"), ("speedup", None),
-           ("efficiency", None)]
-EPOCH_METRICS = ["epoch_loss", "epoch_accuracy"]  # the last epoch's, from train/ (the per-epoch scalars)
+# Its metrics: the test loss and each test_<metric> of results.json, then these (tag <- results.json
+# key; speedup and efficiency: the sweep's, from its summary), then each metric's last epoch_<name>
+# from train/ (the per-epoch scalars).
+SPEED = [("examples_per_sec", "examples_per_sec"), ("steps_per_sec", "steps_per_sec"),
+         ("train_seconds", "train_seconds"), ("speedup", None), ("efficiency", None)]
+
+
+def metrics(results: dict) -> list:
+    """(tag, results.json key) of each number a run's results give the dashboard."""
+    return [(key, key) for key in results if key.startswith("test_") and key != "test_examples"] + SPEED
 STATUS = {"ok": api_pb2.STATUS_SUCCESS, "failed": api_pb2.STATUS_FAILURE, "interrupted": api_pb2.STATUS_FAILURE,
           "running": api_pb2.STATUS_RUNNING}
 
@@ -54,7 +59,7 @@ def log_session(run: RunDir, config: dict, swept: dict, row: dict | None = None)
     num = status.get("job") if num is None else num
     summaries = [hp.hparams_pb(values, trial_id=f"job {num}" if num is not None else str(run.path),
                                start_time_secs=start)]  # (a sweep's job by its number, else the run directory)
-    for tag, name in METRICS:
+    for tag, name in metrics(results):
         value = results.get(name) if name else (row or {}).get(tag)
         if isinstance(value, (int, float)) and math.isfinite(value):
             summaries.append(scalar_pb(tag, value))
@@ -65,20 +70,24 @@ def log_session(run: RunDir, config: dict, swept: dict, row: dict | None = None)
         summaries.append(hp._summary_pb(metadata.SESSION_END_INFO_TAG,
                                         plugin_data_pb2.HParamsPluginData(session_end_info=end)))
     _write_events(run.tensorboard / FILE, summaries, wall_time=ended or start)
-    return values
+    return values, results
 
 
-def log_experiment(log_dir: Path, sessions: list[dict]) -> Path:
+def log_experiment(log_dir: Path, sessions: list[tuple]) -> Path:
     """The experiment's columns, written once for a sweep in log_dir: every hyperparameter its sessions
-    have, with the values they take as its domain, and every metric, named for people."""
+    (log_session's) have, with the values they take as its domain, and every metric, named for people."""
+    sessions, results = [values for values, _ in sessions], [found for _, found in sessions]
     names = list(dict.fromkeys(name for values in sessions for name in values))
     hparams = []
     for name in names:
         domain = sorted({v for values in sessions if (v := values.get(name)) is not None}, key=_order)
         hparams.append(hp.HParam(name, Swept(domain) if len({type(v) for v in domain}) == 1 else None))
-    metrics = [hp.Metric(tag, display_name=tag.replace("_", " ")) for tag, _ in METRICS]
-    metrics += [hp.Metric(tag, group="train", display_name="final train " + tag.split("_")[1]) for tag in EPOCH_METRICS]
-    return _write_events(Path(log_dir) / LOG_DIR / FILE, [hp.hparams_config_pb(hparams, metrics)])
+    tags = list(dict.fromkeys(tag for found in results for tag, _ in metrics(found)))
+    trained = list(dict.fromkeys(name for found in results for name in found.get("history") or {}
+                                 if not name.startswith("val_")))
+    columns = [hp.Metric(tag, display_name=tag.replace("_", " ")) for tag in tags or [t for t, _ in SPEED]]
+    columns += [hp.Metric(f"epoch_{name}", group="train", display_name=f"final train {name}") for name in trained]
+    return _write_events(Path(log_dir) / LOG_DIR / FILE, [hp.hparams_config_pb(hparams, columns)])
 
 
 class Swept(hp.Discrete):
