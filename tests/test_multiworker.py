@@ -272,11 +272,11 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
     """ps and two workers each started on their own, as the classic scripts were, on another machine
     (another directory, where data.path=idx holds its own copy of the IDX files), serving until
     stopped; chiefs come to them in turn:
-    - one trains to its end and learns;
     - one whose labels differ from the workers' stops at once in one line (it would train on them);
-    - in a long run, worker 1 is killed (its launcher and task, as a lost machine), then started again
-      with the same command on the same address, as an orchestrator would: the coordinator takes it
-      back (its steps grow again). Ctrl-C ends that chief, then each server."""
+    - one trains and learns on both workers; worker 1 is killed (its launcher and task, as a lost
+      machine), then started again with the same command on the same address, as an orchestrator
+      would: the coordinator takes it back (its steps grow again). Ctrl-C ends that chief, then each
+      server. (A chief that trains to its end: test_tf_config_chief_and_worker_match_one_device.)"""
     (x_train, y_train), (x_test, y_test) = data.load(make_cfg(*SYNTHETIC_THREE_EPOCHS[:3]).data, 42)
     for machine, labels in (("here", y_train), ("there", y_train), ("elsewhere", (y_train + 1) % 10)):
         for split, images, labels in (("train", x_train, labels), ("t10k", x_test, y_test)):
@@ -294,11 +294,6 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
                start(there / "worker-1", *worker_1)]
     worker_log = there / "worker-1" / "logs" / "worker-1.log"
     try:
-        out = run_cli(tmp_path / "here" / "chief", *as_chief, "trainer.epochs=2")
-        assert "this process is task chief:0" in out.stdout
-        assert out.returncode == 0, out.stdout[-4000:]
-        results = json.loads((tmp_path / "here" / "chief" / "results.json").read_text())
-        assert (results["num_workers"], results["num_ps"]) == (2, 1) and results["test_accuracy"] > 0.6
         other = run_cli(tmp_path / "elsewhere" / "chief", *as_chief, "trainer.epochs=2")
         text = other.stdout + other.stderr
         assert other.returncode == 2, text[-4000:]
@@ -314,6 +309,7 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
         steps = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
         try:
             wait_until(lambda: chief_log.exists() and len(steps()) >= 2 and int(steps()[-1][1]) > 0, proc, "epoch 2")
+            learnt = float(re.findall(r"accuracy: ([\d.]+)", chief_log.read_text())[1])  # epoch 2, both workers
             servers[2].kill()  # the launcher; its task dies with it
             servers[2].communicate(timeout=30)
             wait_until(lambda: len({n for _, n in steps()[-3:]}) == 1, proc, "3 epochs without worker 1")
@@ -326,6 +322,7 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
             proc.send_signal(signal.SIGINT)
             out = finish(proc)
         assert proc.returncode == 130 and "Traceback" not in out, out[-4000:]
+        assert "this process is task chief:0" in out and learnt > 0.6, out[-4000:]
         for server in servers:
             assert server.poll() is None  # ps and workers serve until stopped, the restarted one too
             server.send_signal(signal.SIGINT)  # Ctrl-C in their terminals
