@@ -251,8 +251,8 @@ def test_a_parameter_server_worker_with_no_restart_left_leaves_and_the_run_ends_
 def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, says):
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.peer_timeout=5",
-                 "cluster.max_restarts=0", "model=mlp")
+                 "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
+                 "trainer.verbose=2", "cluster.peer_timeout=5", "cluster.max_restarts=0", "model=mlp")  # 32 steps an epoch
     log = run_dir / "logs" / ("chief-0.log" if strategy == "parameter_server" else "worker-0.log")
     try:
         wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")

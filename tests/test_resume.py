@@ -285,8 +285,8 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     """A synchronous cluster cannot go on without a worker: the second loss, past the budget, ends it."""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
-                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=1",
-                 *SGD_MLP)
+                 "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
+                 "trainer.verbose=2", "cluster.max_restarts=1", *SGD_MLP)  # 32 steps an epoch
     log = run_dir / "logs" / "worker-0.log"
     trained = [lambda text: "Epoch 2/50" in text,  # first attempt; then, restarted, an epoch after resuming
                lambda text: "Epoch " in text.partition("resumed from global step")[2]]
@@ -312,7 +312,8 @@ def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
     restart left its loss ends the run; one error line on the terminal, no TensorFlow error lines."""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=parameter_server", "cluster.workers=1", "cluster.ps=1", "data=synthetic",
-                 "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=0", *SGD_MLP)
+                 "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
+                 "trainer.verbose=2", "cluster.max_restarts=0", *SGD_MLP)  # 32 steps an epoch
     log = run_dir / "logs" / "chief-0.log"
     try:
         wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
