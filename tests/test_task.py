@@ -364,3 +364,31 @@ def test_the_task_examples_train_from_their_own_directories(monkeypatch, tmp_pat
         sys.modules.pop("models", None)
         sys.modules.pop(example, None)
     assert check(results), {k: v for k, v in results.items() if k != "history"}
+
+
+@pytest.mark.slow
+def test_a_metric_that_fails_in_evaluate_is_one_line(tmp_path):
+    """tf_keras's R2Score under mirrored replicas and mixed precision: Keras reads its lazily made
+    variables where it cannot, in evaluate() only. One line naming the fix, not a traceback (nor, on
+    a cluster, a restart that fails alike); the control, in float32, trains and validates."""
+    from distrain.errors import ConfigError
+    from distrain.training import train
+
+    npz = regression_data(tmp_path / "rows.npz")
+    sys.modules.setdefault("test_task_models", _module(MODELS))
+
+    def run(precision: str):
+        cfg = check(make_cfg("data=npz", f"data.path={npz}", "trainer.validate_every=1", "strategy=mirrored",
+                             "strategy.cpu_virtual_devices=2", f"trainer.mixed_precision={precision}",
+                             "model._target_=test_task_models.dense", "loss=mean_squared_error", "metrics=regression",
+                             "+metrics.r2={_target_: tf_keras.metrics.R2Score}", "trainer.epochs=1",
+                             "trainer.batch_size=50", "trainer.verbose=0", "trainer.save_model=false"))
+        try:
+            return train(cfg, tmp_path / precision)[0]
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(ConfigError, match=r"^evaluating the model with the config's loss and metrics failed "
+                                          r"\(NotImplementedError: call `variable.read_value\(\)` inside .*\): check "
+                                          r"that loss and metrics fit .* try trainer.mixed_precision=false$"):
+        run("true")
+    assert "val_r2" in run("false")["history"]

@@ -132,8 +132,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
                validate, callbacks, model)
     model, optimizer = runner.finish(model, rebuild)
     compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
-    test = model.evaluate(reader(cfg, data, training=False)(), steps=test_steps(data, t.batch_size), verbose=0,
-                          return_dict=True)
+    test = evaluate(model, reader(cfg, data, training=False)(), test_steps(data, t.batch_size))
     if t.save_model:
         compile_model(model, optimizer, cfg, probabilities, plain=True)  # loads without distrain
         save_model(model, out.saved_model, data.class_names, include_optimizer=plain_keras(optimizer))
@@ -269,6 +268,19 @@ def make_callbacks(cfg, model, steps: int, announce: bool) -> dict:
     return callbacks
 
 
+def evaluate(model, dataset, steps) -> dict:
+    """Keras's evaluate(): {loss, each metric}. A loss or metric that fails there (only evaluate traces
+    it with Keras's casts and cross-replica reads) is one line, not a traceback and a restart."""
+    try:
+        return model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+    except (ValueError, TypeError, NotImplementedError) as exc:  # (a peer lost is a tf.errors.OpError)
+        said = ([line.strip() for line in str(exc).splitlines() if line.strip()] or [""])[-1][:300]
+        said = said if said.startswith(type(exc).__name__) else f"{type(exc).__name__}: {said}"
+        raise ConfigError(f"evaluating the model with the config's loss and metrics failed ({said}): check that loss and metrics fit the model's outputs and "
+                          "labels, or remove the metric that fails (~metrics.NAME); under mixed precision try "
+                          "trainer.mixed_precision=false") from None
+
+
 def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
     """A function giving the test data's {loss, each metric} with the weights trained so far, for
     trainer.validate_every; None without. Parameter servers: on a copy here (the model lives on the
@@ -278,13 +290,13 @@ def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
     test = reader(cfg, data, training=False, validation=True)()
     steps = test_steps(data, cfg.trainer.batch_size)
     if not isinstance(runner, AsyncEpochs):
-        return lambda: model.evaluate(test, steps=steps, verbose=0, return_dict=True)
+        return lambda: evaluate(model, test, steps)
     local, optimizer = rebuild()
     compile_model(local, optimizer, cfg, probabilities)
 
     def on_a_copy():
         local.set_weights(model.get_weights())
-        return local.evaluate(test, steps=steps, verbose=0, return_dict=True)
+        return evaluate(local, test, steps)
     return on_a_copy
 
 
