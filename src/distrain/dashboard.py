@@ -20,6 +20,7 @@ from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from . import schema, storage
+from .report import test_numbers
 from .rundir import RunDir
 
 LOG_DIR = "tensorboard"  # <run dir>/tensorboard: the session; its train/ holds the per-epoch scalars
@@ -37,7 +38,7 @@ SPEED = [("examples_per_sec", "examples_per_sec"), ("steps_per_sec", "steps_per_
 
 def metrics(results: dict) -> list:
     """(tag, results.json key) of each number a run's results give the dashboard."""
-    return [(key, key) for key in results if key.startswith("test_") and key != "test_examples"] + SPEED
+    return [(key, key) for key in test_numbers(results)] + SPEED
 STATUS = {"ok": api_pb2.STATUS_SUCCESS, "failed": api_pb2.STATUS_FAILURE, "interrupted": api_pb2.STATUS_FAILURE,
           "running": api_pb2.STATUS_RUNNING}
 

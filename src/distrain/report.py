@@ -64,6 +64,11 @@ def headline(r: dict) -> str:
     return f"test {first.removeprefix('test_')} {r[first]:.4g}"
 
 
+def test_numbers(results: dict) -> dict:
+    """The test loss and each metric's test value of a run's results ({"test_loss": ..., "test_mae": ...})."""
+    return {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, float)}
+
+
 def summary_line(r: dict) -> str:
     head = headline(r)
     return (f"{head[0].upper()}{head[1:]}, loss {r['test_loss']:.4f} | "

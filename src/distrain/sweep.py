@@ -15,6 +15,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
+from .report import test_numbers
 from .rundir import STATUS, RunDir
 from .errors import print_error
 from .storage import record, write_atomic
@@ -189,7 +190,7 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
            "log_tail": status.get("log_tail", []), "run_dir": str(job_dir.relative_to(sweep_dir))}
     for name, key in MEASURES:
         row[name] = results.get(key, "") if key else ""
-    row["metrics"] = {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, float)}
+    row["metrics"] = test_numbers(results)
     row.update(row["metrics"])  # the test value of each metric the run measured
     return row
 

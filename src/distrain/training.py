@@ -87,8 +87,12 @@ def reader(cfg, data, training: bool = True, validation: bool = False, **kwargs)
     of the validation split where data.validation_split held one out."""
     if isinstance(data, Files):
         return FileReader(data.found, cfg, training=training, **kwargs)
-    x, y = (data.x_train, data.y_train) if training else (data.x_val, data.y_val) \
-        if validation and data.y_val is not None else (data.x_test, data.y_test)
+    if training:
+        x, y = data.x_train, data.y_train
+    elif validation and data.y_val is not None:
+        x, y = data.x_val, data.y_val
+    else:
+        x, y = data.x_test, data.y_test
     return InputReader(x, y, cfg, training=training, **kwargs)
 
 
@@ -155,6 +159,7 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
     else:
         (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, class_labels(cfg.loss))
         check_labels(cfg.loss, y_train)
+        classes = data_lib.num_classes(cfg.data, (y_train, y_test), class_labels(cfg.loss))
         x_val = y_val = None
         if cfg.data.get("validation_split"):  # the last examples, as fit(validation_split) holds them out
             cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
@@ -166,9 +171,7 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
                           f"examples: set trainer.batch_size={examples} or less, or trainer.steps_per_epoch")
     if cfg.data.source in data_lib.FILE_SOURCES:
         return Files(found, steps, FileReader(found, cfg).sample())
-    return Arrays(x_train, y_train, x_test, y_test,
-                  data_lib.num_classes(cfg.data, (y_train, y_test, *([] if y_val is None else [y_val])),
-                                       class_labels(cfg.loss)), steps, x_val, y_val)
+    return Arrays(x_train, y_train, x_test, y_test, classes, steps, x_val, y_val)
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
@@ -180,11 +183,6 @@ def build(cfg, data: Arrays, policy: str) -> tuple:
     probabilities = check_model(model, data.sample, data.classes, class_labels(cfg.loss))
     optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
-    outputs = model(tf.convert_to_tensor(data.sample[:1]), training=False)
-    if not class_labels(cfg.loss) and isinstance(outputs, tf.Tensor) and outputs.dtype.size < 4:
-        line += (f"\nwarning: model {model.name} outputs {outputs.dtype.name} ({policy}), and Keras's evaluate rounds "
-                 "float labels to the outputs' type: give its last layer dtype='float32' (as Keras's mixed-precision "
-                 "guide says), or set trainer.mixed_precision=false")
     return model, optimizer, probabilities, line
 
 
@@ -200,7 +198,13 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     with the loss (from probabilities where the model ends with a softmax) and the metrics they sum."""
     t = cfg.trainer
     loss = make_loss(cfg.loss, probabilities)
-    outputs = tf.cast(model(data.sample, training=False), tf.float32)
+    outputs = model(data.sample, training=False)
+    if t.verbose and context.chief and not class_labels(cfg.loss) and outputs.dtype.size < 4:
+        print(f"warning: model {model.name} outputs {outputs.dtype.name} "
+              f"({keras.mixed_precision.global_policy().name}), and Keras's evaluate rounds float labels to the "
+              "outputs' type: give its last layer dtype='float32' (as Keras's mixed-precision guide says), or set "
+              "trainer.mixed_precision=false", flush=True)
+    outputs = tf.cast(outputs, tf.float32)
     check_loss(loss, data.sample_labels, outputs, schema.label(cfg.loss))
     check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
@@ -276,9 +280,9 @@ def evaluate(model, dataset, steps) -> dict:
     except (ValueError, TypeError, NotImplementedError) as exc:  # (a peer lost is a tf.errors.OpError)
         said = ([line.strip() for line in str(exc).splitlines() if line.strip()] or [""])[-1][:300]
         said = said if said.startswith(type(exc).__name__) else f"{type(exc).__name__}: {said}"
-        raise ConfigError(f"evaluating the model with the config's loss and metrics failed ({said}): check that loss and metrics fit the model's outputs and "
-                          "labels, or remove the metric that fails (~metrics.NAME); under mixed precision try "
-                          "trainer.mixed_precision=false") from None
+        raise ConfigError(f"evaluating the model with the config's loss and metrics failed ({said}): check that "
+                          "loss and metrics fit the model's outputs and labels, or remove the metric that fails "
+                          "(~metrics.NAME); under mixed precision try trainer.mixed_precision=false") from None
 
 
 def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
