@@ -368,22 +368,29 @@ def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):
         np.testing.assert_allclose(images.numpy(), x / 255.0, atol=1e-6)
 
 
-def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards, tmp_path, monkeypatch):
-    """Before it reads any, a worker matches data.train_files on its own machine against the files the
-    launcher found: here the coordinator saw a file the worker's disk lacks (control: the same files)."""
+@pytest.mark.parametrize("kind", ["tfrecord", "images"])
+def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards, folder, tmp_path, monkeypatch, kind):
+    """Before it reads any, a worker matches the files on its own machine against the files the launcher
+    found: here the coordinator saw a file the worker's disk lacks (control: the same files)."""
     import tensorflow as tf
 
     from distrain import pipeline
 
     monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
-    cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", "trainer.batch_size=32"))
+    args = tfrecord(shards, "data.num_classes=10") if kind == "tfrecord" else \
+        ["data=images", f"data.path={folder}", "data.image_size=[28,28]"]
+    cfg = make_cfg(*args, "trainer.batch_size=32")
     found = files.scan(cfg.data, seed=0)
     assert len(list(pipeline.FileReader(found, cfg, workers=2)(context).take(2))) == 2  # the control
-    found.train_files = sorted([*found.train_files, str(shards / "train-00009-of-00004.tfrecord")])
+    lacking = shards / "train-00009-of-00004.tfrecord" if kind == "tfrecord" else folder / "train" / "digit-3" / "x.png"
+    found.train_files = [str(lacking), *found.train_files]
+    found.train_labels = [3, *found.train_labels] if kind == "images" else []
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
         list(pipeline.FileReader(found, cfg, workers=2)(context).take(2))
     line = str(pipeline.bad_data(raised.value))
-    assert line.startswith("the data's data.train_files on a parameter-server worker sees 4 of the coordinator's 5 "
-                           "files (missing: [") and "train-00009-of-00004.tfrecord" in line, line
+    n = len(found.train_files)
+    where = "data.train_files" if kind == "tfrecord" else "data.path's train/ images"
+    assert line.startswith(f"the data's {where} on a parameter-server worker sees {n - 1} of the coordinator's {n} "
+                           "files (missing: [") and str(lacking) in line, line
     assert line.endswith("give every worker's machine the same files at the same path"), line

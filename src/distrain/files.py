@@ -237,7 +237,7 @@ def _class_folders(split: Path) -> dict:
 
 def scan_images(data, seed: int) -> FileData:
     started = time.perf_counter()
-    root = Path(data.path or "")
+    root = Path(data.path or "").expanduser().absolute()  # (absolute: tasks read these paths wherever they run)
     if not data.path or not root.is_dir():
         raise ConfigError(f"data.path={data.path} is not a directory: point it at a folder holding train/<class>/ "
                           "(and test/<class>/) image folders")

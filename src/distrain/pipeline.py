@@ -2,6 +2,7 @@
 InputReader that turns a source and a tf.distribute.InputContext into the dataset of one input
 pipeline (as Model Garden's InputReader does). data.py loads the arrays without TensorFlow.
 """
+import glob
 import os
 import re
 from pathlib import Path
@@ -103,19 +104,24 @@ class FileReader:
         return self._finish(ds)
 
     def _same_files(self):
-        """A check, run where the worker reads its data: its data.train_files patterns match the files the
-        launcher found for the coordinator, by name (a worker on another machine may see other files)."""
-        patterns = [os.path.abspath(os.path.expanduser(p)) for p in files.patterns(self.cfg.data.train_files)]
+        """A check, run where the worker reads its data: its machine holds the training files the launcher
+        found for the coordinator, by name (a worker on another machine may see other files): TFRecord
+        shards that data.train_files matches there, no fewer and no more; each image of data.path's train/
+        (others there may be held out by data.validation_split, or not be images)."""
+        data, images = self.cfg.data, self.found.kind == "images"
+        where = "data.path's train/ images" if images else "data.train_files"
+        patterns = sorted({os.path.join(glob.escape(os.path.dirname(f)), "*") for f in self.found.train_files}) \
+            if images else [os.path.abspath(os.path.expanduser(p)) for p in files.patterns(data.train_files)]
         found = tf.concat([tf.io.matching_files(p) for p in patterns], 0)
         expected = tf.constant(self.found.train_files)
         missing = tf.sparse.to_dense(tf.sets.difference([expected], [found]))[0]
-        extra = tf.sparse.to_dense(tf.sets.difference([found], [expected]))[0]
+        extra = tf.zeros([0], tf.string) if images else tf.sparse.to_dense(tf.sets.difference([found], [expected]))[0]
 
         def says(_):
             return tf.strings.format("sees {} of the coordinator's {} files (missing: {}; others: {})", (
                 tf.size(expected) - tf.size(missing), tf.size(expected), missing[:3], extra[:3]))
         return _check(tf.equal(tf.size(missing) + tf.size(extra), 0),
-                      lambda _: tf.constant("data.train_files on a parameter-server worker"), says,
+                      lambda _: tf.constant(f"{where} on a parameter-server worker"), says,
                       "give every worker's machine the same files at the same path")
 
     def sharding(self, pipelines: int) -> str:
@@ -133,7 +139,7 @@ class FileReader:
         shuffle: the files in a new seeded order each pass. shard: (pipelines, this one), of the files."""
         images = self.found.kind == "images"
         slices = (files, tf.constant(labels, tf.int32)) if images else files
-        if self.workers and self.training and not images:  # a parameter-server worker, before it reads any
+        if self.workers and self.training:  # a parameter-server worker, before it reads any
             ds = tf.data.Dataset.from_tensors(0).map(lambda _: self._same_files()).flat_map(
                 lambda _: tf.data.Dataset.from_tensor_slices(slices))
         else:
