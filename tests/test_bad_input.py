@@ -21,7 +21,7 @@ MANUAL_PS = [*PS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222]", "cl
 TF_CONFIG = [*MWMS, "cluster=tf_config"]
 # The fix an error line ends with: what to do.
 FIX = re.compile(r": .*\b(set|drop|write|use|give|add|list|point|pick|choose|quote|fix|free|start|resume|"
-                 r"reinstall|replace|check|raise|lower|name|remove|run)\b")
+                 r"reinstall|replace|check|raise|lower|name|remove|run|lay)\b")
 CONFIG_SECONDS, TENSORFLOW_SECONDS = 15, 90  # generous bounds (about 1 s, and 5-10 s, when the machine is idle)
 
 
@@ -249,6 +249,30 @@ CASES = [
     ("npz-no-path", ["data=npz"], "data=npz needs data.path: set data.path=mydata.npz"),
     ("npz-missing", ["data=npz", "data.path=/nonexistent.npz"], "data file /nonexistent.npz is missing"),
     ("npz-not-npz", ["data=npz", "data.path={file}"], "is corrupt or not an .npz file"),
+    # ---- data in files: TFRecord shards and image folders (found by the launcher's scan, without TensorFlow;
+    # what only streaming meets, a record at a time: tests/test_files.py) ----
+    ("tfrecord-no-match", ["data=tfrecord", "data.train_files={tmp}/nothing-*", "data.test_files={shard}"],
+     "data.train_files: no file matches {tmp}/nothing-* (from "),
+    ("tfrecord-no-files", ["data=tfrecord"], "data=tfrecord needs data.train_files: set e.g. data.train_files="),
+    ("tfrecord-not-tfrecord", ["data=tfrecord", "data.train_files={not_tfrecord}", "data.test_files={shard}"],
+     "{not_tfrecord} is not a TFRecord file, or is cut short (a record of "),
+    ("tfrecord-cut-short", ["data=tfrecord", "data.train_files={cut}", "data.test_files={shard}"],
+     "{cut} is not a TFRecord file, or is cut short ("),
+    ("tfrecord-other-keys", ["data=tfrecord", "data.train_files={other_keys}", "data.test_files={shard}"],
+     "the first record of {other_keys} has no bytes feature image/encoded (it has img (bytes), y (int64)): set "
+     "data.image_key to the key your records use"),
+    ("tfrecord-raw-no-size", ["data=tfrecord", "data.train_files={raw}", "data.test_files={shard}"],
+     "the first record of {raw}: image/encoded is not a PNG, JPEG, GIF or BMP image (784 bytes): for raw uint8 "
+     "pixels set data.image_size=[H,W] and data.channels"),
+    ("images-not-a-folder", ["data=images", "data.path=/nonexistent"], "data.path=/nonexistent is not a directory"),
+    ("images-no-class-folders", ["data=images", "data.path={no_classes}"],
+     "{no_classes}/train has no class folders: lay the images out as "),
+    ("images-empty-class", ["data=images", "data.path={empty_class}"],
+     "class folder {empty_class}/train/cat holds no image (.png, "),
+    ("images-test-classes-differ", ["data=images", "data.path={differ}", "data.image_size=[28,28]"],
+     "the class folders of {differ}/test (dog) differ from those of "),
+    ("images-sizes-differ", ["data=images", "data.path={sizes_differ}"], "images differ in size ("),
+    ("images-no-test-split", ["data=images", "data.path={no_test}"], "{no_test} has no test/ folder: add "),
     # ---- a user's own model and data (tests/test_own_model.py: the errors that need their code) ----
     ("model-target-module", ["model._target_=nosuchmodule.build"], "there is no module nosuchmodule in this"),
     ("model-target-syntax", ["model._target_=not-a-path"], "model._target_=not-a-path must be module.function"),
@@ -265,7 +289,7 @@ CASES = [
 
 def _materialise(tmp_path, args):
     """{file}, {empty} and {corrupt} in a case's arguments: a plain file, an empty directory, and a
-    directory of IDX files whose images file is cut short."""
+    directory of IDX files whose images file is cut short; and the bad data files (_data_files) a case names."""
     (tmp_path / "plain.txt").write_text("not a directory\n")
     (tmp_path / "empty").mkdir()
     corrupt = tmp_path / "corrupt"
@@ -275,8 +299,53 @@ def _materialise(tmp_path, args):
             f.write(struct.pack(">iiii", 2051, count, 28, 28) + bytes(100))  # far fewer pixels than it says
         with gzip.open(corrupt / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
             f.write(struct.pack(">ii", 2049, count) + bytes(count))
-    names = {"{file}": str(tmp_path / "plain.txt"), "{empty}": str(tmp_path / "empty"), "{corrupt}": str(corrupt)}
+    names = {"{file}": str(tmp_path / "plain.txt"), "{empty}": str(tmp_path / "empty"), "{corrupt}": str(corrupt),
+             "{tmp}": str(tmp_path)}
+    if any(re.search(r"\{(shard|not_tfrecord|cut|other_keys|raw|no_classes|empty_class|differ|sizes_differ|no_test)\}",
+                     a) for a in args):
+        names |= {f"{{{name}}}": str(path) for name, path in _data_files(tmp_path).items()}
     return [re.sub(r"\{\w+\}", lambda m: names[m.group(0)], a) for a in args], names
+
+
+def _data_files(tmp_path) -> dict:
+    """Bad data in files, as a user may have it: TFRecord files that are not, cut short, with other keys, of raw
+    pixels; image folders with no class folders, an empty class, test classes that differ, images of two
+    sizes, no test/. And a sound shard of 8 digits ({shard})."""
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from distrain import tfrecords
+
+    def record_file(path, features):
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+        return path
+
+    def png(path, size=28):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("L", (size, size)).save(path)
+
+    (shard,) = tfrecords.write(np.zeros((8, 28, 28, 1), np.uint8), np.arange(8) % 2, tmp_path / "shards", "train", 1)
+    found = {"shard": shard, "not_tfrecord": tmp_path / "text.tfrecord", "cut": tmp_path / "cut.tfrecord",
+             "no_classes": tmp_path / "no_classes", "empty_class": tmp_path / "empty_class",
+             "differ": tmp_path / "differ", "sizes_differ": tmp_path / "sizes_differ", "no_test": tmp_path / "no_test"}
+    found["not_tfrecord"].write_text("hello, not records\n" * 10)
+    found["cut"].write_bytes(shard.read_bytes()[:500])
+    found["other_keys"] = record_file(tmp_path / "keys.tfrecord", {
+        "img": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\x89PNG"])),
+        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})
+    found["raw"] = record_file(tmp_path / "raw.tfrecord", {
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(784)])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})
+    (found["no_classes"] / "train").mkdir(parents=True)
+    (found["empty_class"] / "train" / "cat").mkdir(parents=True)
+    for folder, images in (("differ", ["train/cat/a", "train/dog/b", "test/dog/c"]),
+                           ("sizes_differ", ["train/cat/a", "train/dog/b", "test/cat/c", "test/dog/d"]),
+                           ("no_test", ["train/cat/a", "train/dog/b"])):
+        for n, image in enumerate(images):
+            png(found[folder] / f"{image}.png", 32 if folder == "sizes_differ" and n == 1 else 28)
+    return found
 
 
 NEEDS_TENSORFLOW = {"device-name", "idx-corrupt", "checkpoint-dir-file"}  # (the task's own checks: unit-tested)
@@ -294,7 +363,7 @@ def _params():
 def test_bad_input_is_one_error_line_with_a_fix(tmp_path, monkeypatch, capfd, case):
     name, args, expected, *env = case
     args, names = _materialise(tmp_path, args)
-    expected = expected.replace("{file}", names["{file}"])
+    expected = re.sub(r"\{\w+\}", lambda m: names[m.group(0)], expected)
     run_dir = tmp_path / "run"
     if any(a.startswith("hydra.run.dir=") for a in args):
         run_dir = None
@@ -316,6 +385,8 @@ def test_bad_input_is_one_error_line_with_a_fix(tmp_path, monkeypatch, capfd, ca
     assert "Traceback" not in stdout + stderr
     assert not [line for line in stdout.splitlines() if line.startswith("error:")]  # errors go to stderr
     assert seconds < (TENSORFLOW_SECONDS if name in NEEDS_TENSORFLOW else CONFIG_SECONDS), seconds
+    if name not in NEEDS_TENSORFLOW and run_dir:
+        assert not (run_dir / "logs").exists()  # found before any task started
     assert_nothing_left(tmp_path)
 
 
