@@ -165,6 +165,12 @@ def shards(tmp_path_factory) -> list:
     return ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
 
 
+# A run on 2 virtual CPUs (mirrored), 32 steps an epoch, 64 in all, a checkpoint every 10.
+MIRRORED = ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "data=synthetic", "data.train_examples=2048",
+            "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=2", "trainer.verbose=2", *SGD_MLP[:-1],
+            "trainer.checkpoint_every_steps=10"]
+
+
 # Killed for real (the default strategy's loop is mirrored's, and is stopped in-process above). A worker
 # that fails a run with cluster.max_restarts=0 leaves what a failure leaves anywhere (test_multiworker),
 # and a multi_worker_mirrored cluster resumed through the launcher's resumed() is test_slurm's requeue.
@@ -175,11 +181,7 @@ def shards(tmp_path_factory) -> list:
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, shards, strategy,
                                                                        victim, restarted_by):
     """The data in memory (mirrored) and in TFRecord files, each worker reading its own (multi_worker_mirrored)."""
-    devices = ["strategy.cpu_virtual_devices=2"] if strategy == "mirrored" else []
-    source = ["data=synthetic", "data.train_examples=2048", "data.test_examples=256"] if strategy == "mirrored" \
-        else shards
-    args = [f"strategy={strategy}", *devices, "cluster.workers=2", *source, "trainer.batch_size=64", "trainer.epochs=2",
-            "trainer.verbose=2", *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 32 steps an epoch, 64 in all
+    args = MIRRORED if strategy == "mirrored" else [f"strategy={strategy}", "cluster.workers=2", *shards, *MIRRORED[5:]]
     whole_dir = uninterrupted(args)
     run_dir = tmp_path / "stopped"
     proc = start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
@@ -216,11 +218,9 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
 ])
 def test_bad_resumes_are_one_line(tmp_path, monkeypatch, capfd, uninterrupted, setup, args, message):
     """(A directory with no run in it: the bad-input catalogue.) All but the corrupt checkpoint are found
-    before any task starts, so they are checked in this process."""
+    before any task starts, so they are checked in this process. The run: the mirrored one above."""
     run_dir = tmp_path / "run"
-    shutil.copytree(uninterrupted(["data=synthetic", "data.train_examples=256", "data.test_examples=64",
-                                   "trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]),
-                    run_dir)
+    shutil.copytree(uninterrupted(MIRRORED), run_dir)
     if setup == "no checkpoint":
         shutil.rmtree(run_dir / "checkpoints")
     if setup == "corrupt":
@@ -339,7 +339,7 @@ def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
                                                ("multi_worker_mirrored", "worker-0")])
 def test_sigterm_checkpoints_the_step_it_stopped_at_and_resume_starts_there(tmp_path, strategy, log_name):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=16384",
+    proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=8192",
                  "trainer.epochs=20", "trainer.verbose=2", "trainer.checkpoint_every_steps=1000", *SGD_MLP[:-1])
     log = run_dir / "logs" / f"{log_name}.log"
     try:
@@ -352,12 +352,13 @@ def test_sigterm_checkpoints_the_step_it_stopped_at_and_resume_starts_there(tmp_
     assert proc.returncode == 143, out[-3000:]
     assert stopped_in < 15  # every process gone well within the grace period
     step = int(re.search(r"stopped by SIGTERM at global step (\d+): checkpoint saved", out).group(1))
-    # 16384 // 128 = 128 steps an epoch; stopped after epoch 2, at a step with no periodic checkpoint.
-    assert 256 <= step < 512 and tf.train.latest_checkpoint(str(run_dir / "checkpoints")).endswith(f"ckpt-{step}")
+    # 8192 // 128 = 64 steps an epoch; stopped after epoch 2, before the first periodic checkpoint (1000 of 1280).
+    assert 128 <= step < 1000 and tf.train.latest_checkpoint(str(run_dir / "checkpoints")).endswith(f"ckpt-{step}")
     assert_nothing_left(tmp_path)
     if strategy != "default":
         return  # resuming a cluster from its latest checkpoint: the tests above; here once, by hand
-    out = run_cli(run_dir, "trainer.resume=true", "trainer.epochs=4")
+    epochs = step // 64 + 2  # the epoch it stopped in, and one more
+    out = run_cli(run_dir, "trainer.resume=true", f"trainer.epochs={epochs}")
     assert out.returncode == 0, out.stdout[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["resumed_from_step"] == step and results["global_steps"] == 4 * 128
+    assert results["resumed_from_step"] == step and results["global_steps"] == epochs * 64
