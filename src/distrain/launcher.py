@@ -150,7 +150,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(run.config)]
 
-    with environment(cpu.onednn_env(cfg.trainer.onednn)):  # read by TensorFlow as each task starts
+    with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir():  # (read by TensorFlow as each task starts)
         if cfg.strategy.name not in CLUSTER_STRATEGIES:
             return _finish(run_tasks([TaskProcess("train", argv)], run, job=job), run, config, job, overrides)
         if cfg.cluster.name == "local":
@@ -182,8 +182,11 @@ def environment(values: dict):
 
 @contextlib.contextmanager
 def scratch_dir():
-    """A directory for the tasks' temporary files (process.scratch()), removed even if a task was killed."""
-    with tempfile.TemporaryDirectory(prefix="distrain-scratch-") as path, environment({SCRATCH: path}):
+    """A directory for the tasks' temporary files (process.scratch(), and TMPDIR: TensorFlow's autograph
+    leaves a file there for each function it converts, which a task's quick exit does not remove),
+    removed when the run ends, even if a task was killed. (This process's tempfile keeps its own
+    directory: it read TMPDIR before, for this one.)"""
+    with tempfile.TemporaryDirectory(prefix="distrain-scratch-") as path, environment({SCRATCH: path, "TMPDIR": path}):
         yield path
 
 
@@ -197,7 +200,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
     restarts = Restarts(c.max_restarts, c.restart_window)
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
-            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores, scratch_dir():
+            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
         if not net.available:
             if c.isolate is True:
                 error = (f"cluster.isolate=true but no private network is possible here ({net.reason}): "

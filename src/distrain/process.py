@@ -39,8 +39,8 @@ def _clean_up() -> None:
 
 
 def scratch() -> str | None:
-    """Where a task keeps temporary files: its local cluster's scratch directory, which the launcher
-    removes even when a task is killed; else (None) the system's."""
+    """Where a task keeps temporary files: its run's scratch directory, which the launcher removes even
+    when a task is killed; else (None: a task started without the launcher) the system's."""
     return os.environ.get(SCRATCH)
 
 

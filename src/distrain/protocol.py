@@ -6,7 +6,7 @@ import os
 # The environment a task inherits from its launcher (besides TF_CONFIG, TensorFlow's own).
 STARTED = "DISTRAIN_STARTED"  # when the command (or a sweep's job) started: results.json's seconds_to_first_step
 HEARTBEAT = "DISTRAIN_HEARTBEAT"  # the file whose time a task sets as it makes progress (process.Heartbeat)
-SCRATCH = "DISTRAIN_SCRATCH"  # a local cluster's directory for its tasks' temporary files
+SCRATCH = "DISTRAIN_SCRATCH"  # a run's directory for its tasks' temporary files (the launcher removes it)
 # A local cluster's task: "1" the launcher restarts the cluster if a task dies, "0" it ends the run saying why
 RESTARTS_CLUSTER = "DISTRAIN_RESTARTS_CLUSTER"
 ONEDNN_WHY = "DISTRAIN_ONEDNN_WHY"  # why the launcher chose the CPU kernels, for the task's announcement
