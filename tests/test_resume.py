@@ -4,11 +4,9 @@ strategies ends with the same weights as a run that was never stopped (model=mlp
 Multi-process tests are bounded in time and check that no process they caused is left behind.
 """
 import json
-import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -54,11 +52,12 @@ def crash_after(monkeypatch, steps: int) -> None:
 
 
 def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    """In-process, the loop every single-process strategy shares (mirrored: killed, below), with a
-    learning rate that changes every step (warm-up, then cosine decay): the optimizer's step count,
-    checkpointed with it, drives the schedule."""
-    config = ["trainer.save_model=true", "trainer.epochs=3", *SGD_MLP,  # 1024 // 64 = 16 steps an epoch
-              "schedule=cosine", "schedule.warmup_steps=10"]
+    """In-process, the loop every single-process strategy shares, on 2 replicas (mirrored over this
+    process's 2 virtual CPUs), with a learning rate that changes every step (warm-up, then cosine decay):
+    the optimizer's step count, checkpointed with it, drives the schedule. (Killed for real, with
+    SIGKILL: a cluster below; a sweep's job, test_storage; by SIGTERM, below.)"""
+    config = ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.save_model=true", "trainer.epochs=3",
+              *SGD_MLP, "schedule=cosine", "schedule.warmup_steps=10"]  # 1024 // 64 = 16 steps an epoch
     uninterrupted, whole = train(small(*config), tmp_path / "whole")
 
     crash_after(monkeypatch, 23)  # the 4th segment of epoch 2 never runs
@@ -122,18 +121,14 @@ def test_a_cnn_run_stopped_mid_epoch_resumes_soundly(tmp_path, monkeypatch):
     assert results["test_accuracy"] > 0.5  # synthetic data: chance is 0.1
 
 
-def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, proc, steps_per_epoch: int, victim=None):
-    """SIGKILL (the whole run, or one task) once a checkpoint inside an epoch exists."""
+def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, proc, steps_per_epoch: int, victim: str):
+    """SIGKILL one task of a local cluster once a checkpoint inside an epoch exists."""
     def mid_epoch():
         latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or "ckpt-0"
         return int(latest.rsplit("-", 1)[1]) % steps_per_epoch != 0
 
     wait_until(mid_epoch, proc, "a mid-epoch checkpoint", interval=0.02)
-    if victim:
-        kill_task(run_dir, victim)
-    else:
-        for pid in subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split():
-            os.kill(int(pid), signal.SIGKILL)  # the launcher and its training process, as a power cut would
+    kill_task(run_dir, victim)
     return finish(proc)
 
 
@@ -165,39 +160,24 @@ def shards(tmp_path_factory) -> list:
     return ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
 
 
-# A run on 2 virtual CPUs (mirrored), 32 steps an epoch, 64 in all, a checkpoint every 10.
-MIRRORED = ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "data=synthetic", "data.train_examples=2048",
-            "data.test_examples=256", "trainer.batch_size=64", "trainer.epochs=2", "trainer.verbose=2", *SGD_MLP[:-1],
-            "trainer.checkpoint_every_steps=10"]
-
-
-# Killed for real (the default strategy's loop is mirrored's, and is stopped in-process above). A worker
+# Killed for real (the loop of the single-process strategies is stopped in-process above). A worker
 # that fails a run with cluster.max_restarts=0 leaves what a failure leaves anywhere (test_multiworker),
 # and a multi_worker_mirrored cluster resumed through the launcher's resumed() is test_slurm's requeue.
-@pytest.mark.parametrize("strategy, victim, restarted_by", [
-    ("mirrored", None, "user"),  # the whole run killed on 2 virtual CPUs, resumed by hand (arrays)
-    ("multi_worker_mirrored", "worker-1", "launcher"),  # the launcher restarts the cluster by itself (files)
-])
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, shards, strategy,
-                                                                       victim, restarted_by):
-    """The data in memory (mirrored) and in TFRecord files, each worker reading its own (multi_worker_mirrored)."""
-    args = MIRRORED if strategy == "mirrored" else [f"strategy={strategy}", "cluster.workers=2", *shards, *MIRRORED[5:]]
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted, shards):
+    """A multi_worker_mirrored worker SIGKILLed mid-epoch: the launcher restarts the cluster by itself, from
+    the latest checkpoint; TFRecord files, each worker reading its own."""
+    args = ["strategy=multi_worker_mirrored", "cluster.workers=2", *shards, "trainer.batch_size=64", "trainer.epochs=2",
+            "trainer.verbose=2", *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 32 steps an epoch, 64 in all
     whole_dir = uninterrupted(args)
     run_dir = tmp_path / "stopped"
-    proc = start(run_dir, *args, f"cluster.max_restarts={0 if restarted_by == 'user' else 3}")
-    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 32, victim)
-    if restarted_by == "user":
-        assert proc.returncode != 0 and not (run_dir / "results.json").exists()
-        out = run_cli(run_dir, "trainer.resume=true")
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        out = out.stdout
-    else:
-        assert proc.returncode == 0, out[-3000:]
-        assert "task worker-1 exited with status -9: restarting the cluster from its latest checkpoint" in out
-        assert "[worker-0] error:" not in out  # worker 0 lost its peer: news, since the launcher acts on it
-        cluster = json.loads((run_dir / "cluster.json").read_text())
-        assert untimed(cluster["restarts"]) == [{"task": "worker-1", "exit_status": -9, "budget": "the cluster",
-                                                 "restarted": "the cluster from its latest checkpoint"}]
+    proc = start(run_dir, *args, "cluster.max_restarts=3")
+    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 32, "worker-1")
+    assert proc.returncode == 0, out[-3000:]
+    assert "task worker-1 exited with status -9: restarting the cluster from its latest checkpoint" in out
+    assert "[worker-0] error:" not in out  # worker 0 lost its peer: news, since the launcher acts on it
+    cluster = json.loads((run_dir / "cluster.json").read_text())
+    assert untimed(cluster["restarts"]) == [{"task": "worker-1", "exit_status": -9, "budget": "the cluster",
+                                             "restarted": "the cluster from its latest checkpoint"}]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["num_replicas"] == 2 and results["per_replica_batch_size"] == 32
     assert 0 < results["resumed_from_step"] < 64 and results["restarts"] == 1
@@ -218,9 +198,11 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
 ])
 def test_bad_resumes_are_one_line(tmp_path, monkeypatch, capfd, uninterrupted, setup, args, message):
     """(A directory with no run in it: the bad-input catalogue.) All but the corrupt checkpoint are found
-    before any task starts, so they are checked in this process. The run: the mirrored one above."""
+    before any task starts, so they are checked in this process."""
     run_dir = tmp_path / "run"
-    shutil.copytree(uninterrupted(MIRRORED), run_dir)
+    shutil.copytree(uninterrupted(["data=synthetic", "data.train_examples=256", "data.test_examples=64",
+                                   "trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]),
+                    run_dir)
     if setup == "no checkpoint":
         shutil.rmtree(run_dir / "checkpoints")
     if setup == "corrupt":
