@@ -1,5 +1,6 @@
 """pytest's hooks and the fixtures every test gets; the helpers tests import are in helpers.py."""
 import sys
+import threading
 
 import pytest
 
@@ -19,11 +20,15 @@ def two_virtual_cpus():
 @pytest.fixture(autouse=True)
 def forget_runners():
     """The product keeps every run's runner for its process's life (runners.KEPT); in-process tests
-    run many in one process."""
+    run many in one process. They go in the background: the input iterator of a run stopped
+    mid-epoch takes seconds to go (waiting on its threads, not computing: up to 15 s on a loaded
+    machine), which the next test need not wait for."""
     yield
     runners = sys.modules.get("distrain.runners")
-    if runners:
+    if runners and runners.KEPT:
+        kept = list(runners.KEPT)
         runners.KEPT.clear()
+        threading.Thread(target=kept.clear, daemon=True).start()
 
 
 @pytest.fixture(autouse=True)
