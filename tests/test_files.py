@@ -107,6 +107,24 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     assert labels(5, 4) == {0, 1, 2, 3}  # 5 pipelines, 4 files: each a share of every file
 
 
+def test_a_batch_larger_than_a_decoding_chunk_holds_the_same_examples(shards):
+    """Batches of more than pipeline.DECODE records are decoded in chunks of DECODE: a batch of 256 is the
+    two batches of 128 that the same seed gives (control: another seed, other examples)."""
+    from distrain import pipeline
+
+    def first(batch: int, n: int, seed: int = 42):
+        cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", f"trainer.batch_size={batch}", f"trainer.seed={seed}"))
+        got = list(pipeline.FileReader(files.scan(cfg.data, seed=0), cfg)().take(n))
+        return np.concatenate([x.numpy() for x, _ in got]), np.concatenate([y.numpy() for _, y in got])
+
+    assert pipeline.DECODE == 128
+    (large, large_labels), (small, small_labels) = first(256, 1), first(128, 2)
+    assert large.shape == (256, 28, 28, 1)
+    np.testing.assert_array_equal(large, small)
+    np.testing.assert_array_equal(large_labels, small_labels)
+    assert not np.array_equal(first(128, 2, seed=7)[1], small_labels)
+
+
 @pytest.mark.slow
 def test_a_resumed_run_on_files_ends_as_one_never_stopped(shards, tmp_path, monkeypatch):
     """In-process (the loop every single-process strategy shares): killed mid-epoch, resumed from the

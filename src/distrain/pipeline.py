@@ -92,12 +92,13 @@ class FileReader:
         ds = ds.repeat()
         if self.skip:  # a resumed run: the batches already trained, passed over as records
             ds = ds.skip(self.skip * batch)
-        if not cache:  # DECODE records at a time: parsed together (2.2x faster than one by one, measured)
-            ds = ds.batch(batch, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE) \
-                if batch <= DECODE else ds.batch(DECODE, drop_remainder=True).map(
-                    self._decode, num_parallel_calls=tf.data.AUTOTUNE).unbatch().batch(batch, drop_remainder=True)
-        else:
+        if cache:
             ds = ds.batch(batch, drop_remainder=True)
+        elif batch <= DECODE:  # a batch's records parsed together (2.2x faster than one by one, measured)
+            ds = ds.batch(batch, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
+        else:  # in chunks of DECODE records (a larger batch's unrolled decoding is slow to build)
+            ds = ds.batch(DECODE, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
+            ds = ds.unbatch().batch(batch, drop_remainder=True)
         replicas_here = context.num_replicas_in_sync // context.num_input_pipelines if context else 1
         if replicas_here > 1 and not self.workers:
             ds = ds.rebatch(context.get_per_replica_batch_size(t.batch_size))
