@@ -1,6 +1,5 @@
 """pytest's hooks and the fixtures every test gets; the helpers tests import are in helpers.py."""
 import sys
-import threading
 
 import pytest
 
@@ -20,15 +19,11 @@ def two_virtual_cpus():
 @pytest.fixture(autouse=True)
 def forget_runners():
     """The product keeps every run's runner for its process's life (runners.KEPT); in-process tests
-    run many in one process. They go in the background: the input iterator of a run stopped
-    mid-epoch takes seconds to go (waiting on its threads, not computing: up to 15 s on a loaded
-    machine), which the next test need not wait for."""
+    run many in one process."""
     yield
     runners = sys.modules.get("distrain.runners")
-    if runners and runners.KEPT:
-        kept = list(runners.KEPT)
+    if runners:
         runners.KEPT.clear()
-        threading.Thread(target=kept.clear, daemon=True).start()
 
 
 @pytest.fixture(autouse=True)
