@@ -21,6 +21,15 @@ TRAIN_PY = ROOT / "train.py"
 RUN_TIMEOUT = 240
 
 
+def record_file(path: Path, features: dict) -> Path:
+    """A TFRecord file of one tf.train.Example with these features (bad data of the tests' making)."""
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+    return path
+
+
 def make_cfg(*overrides):
     """The real config, composed as `python train.py OVERRIDES` would compose it."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import assert_nothing_left, in_process, run_cli
+from helpers import assert_nothing_left, in_process, record_file, run_cli
 
 QUICK = ["trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "data.download_timeout=0"]
 MWMS = ["strategy=multi_worker_mirrored"]
@@ -301,8 +301,7 @@ def _materialise(tmp_path, args):
             f.write(struct.pack(">ii", 2049, count) + bytes(count))
     names = {"{file}": str(tmp_path / "plain.txt"), "{empty}": str(tmp_path / "empty"), "{corrupt}": str(corrupt),
              "{tmp}": str(tmp_path)}
-    if any(re.search(r"\{(shard|not_tfrecord|cut|other_keys|raw|no_classes|empty_class|differ|sizes_differ|no_test)\}",
-                     a) for a in args):
+    if set(re.findall(r"\{\w+\}", " ".join(args))) - names.keys():  # a bad data file: made only where named
         names |= {f"{{{name}}}": str(path) for name, path in _data_files(tmp_path).items()}
     return [re.sub(r"\{\w+\}", lambda m: names[m.group(0)], a) for a in args], names
 
@@ -316,11 +315,6 @@ def _data_files(tmp_path) -> dict:
     from PIL import Image
 
     from distrain import tfrecords
-
-    def record_file(path, features):
-        with tf.io.TFRecordWriter(str(path)) as writer:
-            writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
-        return path
 
     def png(path, size=28):
         path.parent.mkdir(parents=True, exist_ok=True)

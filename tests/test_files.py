@@ -10,7 +10,7 @@ from PIL import Image
 
 from distrain import data, files
 from distrain.errors import ConfigError
-from helpers import assert_nothing_left, make_cfg, run_cli
+from helpers import assert_nothing_left, make_cfg, record_file, run_cli
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.batch_size=64", "trainer.verbose=2"]
 
@@ -205,14 +205,6 @@ def test_tfrecord_shards_train_on_a_local_cluster_each_worker_its_files(shards, 
 
 # ---- bad data met while streaming: one line (what the launcher finds first: the bad-input catalogue) ------
 
-def _record_file(path: Path, features: dict) -> Path:
-    import tensorflow as tf
-
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
-    return path
-
-
 def _shard(path: Path, images: list, labels: list) -> Path:
     import tensorflow as tf
 
@@ -279,7 +271,7 @@ def test_raw_pixels_with_their_size_given_are_read(tmp_path):
     """The control of "raw, no size": the same record with data.image_size and data.channels scans."""
     import tensorflow as tf
 
-    raw = _record_file(tmp_path / "raw.tfrecord", {
+    raw = record_file(tmp_path / "raw.tfrecord", {
         "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(784)])),
         "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})
     cfg = make_cfg("data=tfrecord", f"data.train_files={raw}", f"data.test_files={raw}", "data.image_size=[28,28]",
