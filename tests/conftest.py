@@ -1,4 +1,7 @@
 """pytest's hooks and the fixtures every test gets; the helpers tests import are in helpers.py."""
+import atexit
+import gc
+import os
 import sys
 
 import pytest
@@ -16,14 +19,27 @@ def two_virtual_cpus():
     tf.config.threading.set_inter_op_parallelism_threads(2)
 
 
-@pytest.fixture(autouse=True)
-def forget_runners():
-    """The product keeps every run's runner for its process's life (runners.KEPT); in-process tests
-    run many in one process."""
-    yield
-    runners = sys.modules.get("distrain.runners")
-    if runners:
-        runners.KEPT.clear()
+# TensorFlow 2.21 destroys a tf.data iterator that a tf.function has read only once its autotuning
+# thread wakes up, up to 60 s later, and holds the GIL meanwhile (measured: 2-15 s stalls in the tests'
+# teardowns, and 33-38 s ones inside other tests, where garbage collection got to an old run's iterator).
+# The product never destroys one (runners.KEPT; a task ends with os._exit); the tests do as it does.
+
+def pytest_sessionstart(session):
+    """This process ends as a task does (os._exit), without destroying what the tests kept."""
+    atexit.register(_end_now, session)
+
+
+def _end_now(session) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(session.exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """What a test leaves stays: runners.KEPT keeps each run's runner, as in the product, and garbage
+    collection passes over the rest from then on (an old run's objects hold iterators in cycles)."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

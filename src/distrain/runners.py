@@ -15,7 +15,7 @@ from .strategy import replica_devices
 # The runners, never deleted: deleting the coordinator's functions removes them from every remote
 # task, which after a worker's restart takes seconds (12 s for a run's functions, measured), and
 # deleting a multi_worker_mirrored input iterator can wait 1.2 s for the peers (seen in 6 of 10 runs
-# with TensorBoard's scalars). A task's process ends without (task.main); the tests clear this.
+# with TensorBoard's scalars). A task's process ends without (task.main); so do the tests' (conftest.py).
 KEPT = []
 
 
