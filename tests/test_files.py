@@ -185,9 +185,9 @@ def test_tfrecord_shards_train_on_a_local_cluster_each_worker_its_files(shards, 
     on a copy of the weights), and the run ends ok."""
     out = run_cli(tmp_path / "run", *tfrecord(shards, "data.num_classes=10"), f"strategy={strategy}",
                   "cluster.workers=2", *(["cluster.ps=1"] if strategy == "parameter_server" else []), *QUICK,
-                  "trainer.epochs=20", "trainer.validate_every=1", "callbacks=early_stopping",
-                  "+callbacks.early_stopping.min_delta=10", "callbacks.early_stopping.patience=1",
-                  "callbacks.early_stopping.restore_best_weights=false")
+                  "trainer.epochs=20", "trainer.save_model=false", "trainer.validate_every=1",
+                  "callbacks=early_stopping", "+callbacks.early_stopping.min_delta=10",
+                  "callbacks.early_stopping.patience=1", "callbacks.early_stopping.restore_best_weights=false")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "input: 2 pipelines (one per worker), sharded by FILE: each reads 2 of the 4 training files" in out.stdout
     results = json.loads((tmp_path / "run" / "results.json").read_text())

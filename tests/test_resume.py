@@ -264,28 +264,24 @@ def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_pa
 
 
 def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
-    """A synchronous cluster cannot go on without a worker: the second loss, past the budget, ends it."""
+    """A synchronous cluster cannot go on without a worker: with no restart left (cluster.max_restarts=0),
+    a loss ends it. (A budget spent by earlier restarts, in its words: test_supervisor; a cluster
+    restarted after a loss: the SIGKILL above.)"""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
                  "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
-                 "trainer.verbose=2", "cluster.max_restarts=1", *SGD_MLP)  # 32 steps an epoch
+                 "trainer.verbose=2", "cluster.max_restarts=0", *SGD_MLP)  # 32 steps an epoch
     log = run_dir / "logs" / "worker-0.log"
-    trained = [lambda text: "Epoch 2/50" in text,  # first attempt; then, restarted, an epoch after resuming
-               lambda text: "Epoch " in text.partition("resumed from global step")[2]]
     try:
-        for attempt in (0, 1):  # the first death restarts the cluster, the second is one too many
-            wait_until(lambda: log.exists() and trained[attempt](log.read_text()), proc, f"attempt {attempt + 1}")
-            kill_task(run_dir, "worker-1")
+        wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
+        kill_task(run_dir, "worker-1")
     finally:
         out = finish(proc, timeout=60)
     assert proc.returncode != 0, out[-3000:]
-    assert ("error: task worker-1 exited with status -9 and the cluster was restarted 1 time(s) already within "
-            "3600 s (cluster.restart_window) (cluster.max_restarts=1); raise cluster.max_restarts, or read its log for "
-            f"why it keeps dying; the end of its log ({log.parent}/worker-1.log):") in out
+    assert f"error: task worker-1 exited with status -9; the end of its log ({log.parent}/worker-1.log):" in out
     assert len([line for line in out.splitlines() if re.match(r"(\[[^]]*\] )?error:", line)]) == 1, out[-3000:]
     # (the launcher's alone: worker 0's own news of its lost peer is no second error line)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
-    assert json.loads((run_dir / "cluster.json").read_text())["tasks"][1]["restarts"] == 1
     assert_nothing_left(tmp_path)
 
 
