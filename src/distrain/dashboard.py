@@ -43,11 +43,6 @@ STATUS = {"ok": api_pb2.STATUS_SUCCESS, "failed": api_pb2.STATUS_FAILURE, "inter
           "running": api_pb2.STATUS_RUNNING}
 
 
-def wanted(config: dict | None) -> bool:
-    """Whether the run of this config (its config.yaml's values) logs for TensorBoard (trainer.tensorboard)."""
-    return ((config or {}).get("trainer") or {}).get("tensorboard") is True
-
-
 def log_session(run: RunDir, config: dict, swept: dict, row: dict | None = None) -> dict:
     """The run's session in <run_dir>/tensorboard: `swept` ({override key: value}) and its facts as
     hyperparameters, its results as metrics, its status.json as the session's end. `row`: the sweep

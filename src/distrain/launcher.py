@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import cpu, dashboard, data, report, schema, storage
+from . import cpu, data, report, schema, storage
 from .config import check_objective, check_same_run, resumed, validate
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
@@ -324,7 +324,9 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
     curves.png, say it in one line. config: the config.yaml written (None: the run was refused);
     `overrides`: a single run's, its hyperparameters in TensorBoard."""
     run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
-    if dashboard.wanted(config):
+    if report.logs_for_tensorboard(config):
+        from . import dashboard  # (TensorBoard's protocol buffers, 0.1 s: only for a run that logs for it)
+
         swept = job.values if job else dict(split_override(o) for o in overrides if not o.startswith(("hydra", "~")))
         storage.record(dashboard.log_session, run, config, swept)
     results = run.read_results() if outcome.status == "ok" else None

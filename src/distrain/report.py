@@ -5,6 +5,12 @@ from . import schema
 from .protocol import STARTED
 
 
+def logs_for_tensorboard(config: dict | None) -> bool:
+    """Whether the run of this config (its config.yaml's values) logs for TensorBoard (trainer.tensorboard):
+    its session for the HParams dashboard (dashboard.py) is written then."""
+    return ((config or {}).get("trainer") or {}).get("tensorboard") is True
+
+
 def results(cfg, data, progress, test: list, facts: dict) -> dict:
     """results.json: what ran (the config in brief, and `facts`: the strategy's replicas and workers, the
     model's size, the precision and kernels), how fast (over the epochs after the first) and how well.

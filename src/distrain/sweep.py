@@ -15,7 +15,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
-from .report import test_numbers
+from .report import logs_for_tensorboard, test_numbers
 from .rundir import STATUS, RunDir
 from .errors import print_error
 from .storage import record, write_atomic
@@ -137,12 +137,12 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
 def log_dashboard(summary: Summary) -> int:
     """Where the jobs log for TensorBoard (trainer.tensorboard): each job's session again (a job killed
     before it wrote one, the speed-ups), and the sweep's experiment, the dashboard's columns. Sessions."""
-    from . import dashboard  # (TensorBoard's protocol buffers: only for a sweep that logs for it)
-
     jobs = [(run, run.read_config(), row) for row in summary.rows
             for run in [RunDir(summary.sweep_dir / row["run_dir"])]]
-    if not any(dashboard.wanted(config) for _, config, _ in jobs):
+    if not any(logs_for_tensorboard(config) for _, config, _ in jobs):
         return 0
+    from . import dashboard  # (TensorBoard's protocol buffers: only for a sweep that logs for it)
+
     sessions = [dashboard.log_session(run, config or {}, {k: row[k] for k in summary.varying if row[k] != ""}, row)
                 for run, config, row in jobs]
     dashboard.log_experiment(summary.sweep_dir, sessions)
