@@ -288,10 +288,11 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
               "trainer.batch_size=32", "trainer.save_model=false", "trainer.verbose=2", "model=mlp"]
     as_chief = [*common, "cluster.task_type=chief", "cluster.task_index=0"]
     worker_1 = [*common, "cluster.task_type=worker", "cluster.task_index=1"]
-    there = tmp_path / "there"
+    there, killed_tmp = tmp_path / "there", tmp_path / "tmp"
+    killed_tmp.mkdir()  # the scratch directory its killed launcher leaves: here, not in /tmp
     servers = [start(there / "ps", *common, "cluster.task_type=ps", "cluster.task_index=0"),
                start(there / "worker-0", *common, "cluster.task_type=worker", "cluster.task_index=0"),
-               start(there / "worker-1", *worker_1)]
+               start(there / "worker-1", *worker_1, env={**os.environ, "TMPDIR": str(killed_tmp)})]
     worker_log = there / "worker-1" / "logs" / "worker-1.log"
     try:
         other = run_cli(tmp_path / "elsewhere" / "chief", *as_chief, "trainer.epochs=2")

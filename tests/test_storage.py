@@ -117,9 +117,11 @@ def test_a_run_into_a_finished_runs_directory_is_refused_and_changes_nothing(tmp
 
 
 def multirun(sweep_dir, *args):
+    tmp = sweep_dir.parent / "tmp"  # the scratch directory a killed launcher leaves: here, not in /tmp
+    tmp.mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=sweep_dir.parent,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
 
 
 @pytest.mark.slow
