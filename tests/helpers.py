@@ -133,6 +133,19 @@ def finish(proc, timeout=RUN_TIMEOUT):
     return out
 
 
+def check_evaluations(run_dir, out: str, last: str, epoch: int):
+    """The sidecar evaluator evaluated the chief's checkpoints, in order, up to the run's last (`last`, at
+    the end of epoch `epoch`), which it evaluated as the run's own test did; then it stopped."""
+    import pytest
+
+    evaluations = json.loads((run_dir / "evaluation.json").read_text())["evaluations"]
+    assert evaluations[-1]["checkpoint"] == last
+    assert [e["epoch"] for e in evaluations] == sorted({e["epoch"] for e in evaluations})
+    final = json.loads((run_dir / "results.json").read_text())
+    assert evaluations[-1]["accuracy"] == pytest.approx(final["test_accuracy"], abs=1e-6)
+    assert f"[evaluator-0] evaluator: epoch {epoch} ({last})" in out
+
+
 def tensorboard_values(log_dir: Path) -> dict:
     """{tag: [value, ...]} of the event files in log_dir (not below it), read as TensorBoard reads them:
     scalars as numbers, the hparams plugin's records as what they hold (Experiment, SessionStartInfo,

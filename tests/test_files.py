@@ -10,7 +10,7 @@ from PIL import Image
 
 from distrain import data, files
 from distrain.errors import ConfigError
-from helpers import assert_nothing_left, make_cfg, record_file, run_cli
+from helpers import RUN_TIMEOUT, assert_nothing_left, check_evaluations, make_cfg, record_file, run_cli
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.batch_size=64", "trainer.verbose=2"]
 
@@ -180,27 +180,42 @@ def test_an_image_folder_trains_and_its_class_names_go_with_the_model(folder, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
 def test_tfrecord_shards_train_on_a_local_cluster_each_worker_its_files(shards, tmp_path, strategy):
-    """And validation with a callback that stops training: EarlyStopping sees no gain of 10 in val_loss
-    after epoch 1: every worker stops after epoch 2 of 20 (parameter servers: the coordinator validates
-    on a copy of the weights), and the run ends ok."""
-    out = run_cli(tmp_path / "run", *tfrecord(shards, "data.num_classes=10"), f"strategy={strategy}",
-                  "cluster.workers=2", *(["cluster.ps=1"] if strategy == "parameter_server" else []), *QUICK,
-                  "trainer.epochs=20", "trainer.save_model=false", "trainer.validate_every=1",
+    """With validation, a callback that stops training and a sidecar evaluator: EarlyStopping sees no
+    gain of 10 in val_loss after epoch 1, so every worker stops after epoch 2 of 20 (parameter servers:
+    the coordinator validates on a copy of the weights), the evaluator stops at that checkpoint, and the
+    run ends ok. multi_worker_mirrored also with the XLA-compiled step, the GPU path (which says on a CPU
+    what it costs), and oneDNN off in every task, the fork server's children too (on by default:
+    test_cli's default run)."""
+    mwms = strategy == "multi_worker_mirrored"
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, *tfrecord(shards, "data.num_classes=10"), f"strategy={strategy}",
+                  "cluster.workers=2", *(["cluster.ps=1"] if not mwms else []), *QUICK, "cluster.evaluator=true",
+                  *(["trainer.jit_compile=true", "trainer.onednn=false"] if mwms else []),
+                  "trainer.epochs=20", "trainer.validate_every=1",
                   "callbacks=early_stopping", "+callbacks.early_stopping.min_delta=10",
                   "callbacks.early_stopping.patience=1", "callbacks.early_stopping.restore_best_weights=false")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "input: 2 pipelines (one per worker), sharded by FILE: each reads 2 of the 4 training files" in out.stdout
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    results = json.loads((run_dir / "results.json").read_text())
     assert results["num_workers"] == 2 and results["data_source"] == "tfrecord"
     assert results["test_accuracy"] > 0.6, results["history"]  # (2 epochs of 15 steps; chance is 0.1)
     assert results["stopped_early"] == "callbacks.early_stopping (EarlyStopping) stopped training after epoch 2"
     assert len(results["history"]["val_loss"]) == 2
     assert results["history"]["val_loss"][-1] == pytest.approx(results["test_loss"], rel=1e-5)  # the same weights
     assert "stopped training after epoch 2" in out.stdout.splitlines()[-1]
-    if strategy == "multi_worker_mirrored":  # both workers stopped there, together
-        logs = [(tmp_path / "run" / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)]
-        assert all("Epoch 2/20" in log and "Epoch 3/20" not in log for log in logs), logs[1][-2000:]
-    assert_nothing_left(tmp_path / "run")
+    check_evaluations(run_dir, out.stdout, last="ckpt-30", epoch=2)  # 2 epochs of 15 steps, not 20
+    if mwms:  # both workers stopped there, together
+        logs = [(run_dir / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)]
+        assert all("Epoch 2/20 - 15 steps - " in log and "Epoch 3/20" not in log for log in logs), logs[1][-2000:]
+        assert results["onednn"] is False and "cpu kernels: Eigen, oneDNN off (trainer.onednn=false)" in out.stdout
+        assert (results["num_replicas"], results["num_ps"]) == (2, 0)
+        assert results["jit_compile"] is True and out.stdout.count("warning: trainer.jit_compile=true on a CPU") == 1
+        assert 0 < results["seconds_to_first_step"] < RUN_TIMEOUT  # from the command's start, across processes
+        assert "[worker-0] Test accuracy" in out.stdout and "[worker-1] Test accuracy" not in out.stdout
+        tasks = json.loads((run_dir / "cluster.json").read_text())["tasks"]
+        assert [(t["name"], t["state"]) for t in tasks] == [
+            ("worker-0", "exited 0"), ("worker-1", "exited 0"), ("evaluator-0", "exited 0")]
+    assert_nothing_left(run_dir)
 
 
 # ---- bad data met while streaming: one line (what the launcher finds first: the bad-input catalogue) ------

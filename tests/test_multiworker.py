@@ -18,7 +18,7 @@ import tf_keras as keras
 
 from distrain import data
 from distrain.training import train
-from helpers import (RUN_TIMEOUT, assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_state,
+from helpers import (assert_nothing_left, check_evaluations, finish, kill_task, make_cfg, run_cli, start, task_state,
                      tensorboard_values, untimed, wait_until, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
@@ -31,39 +31,8 @@ SYNTHETIC_THREE_EPOCHS = ["data=synthetic", "data.train_examples=1024", "data.te
                           "trainer.verbose=2", "model=mlp"]  # 1024 // 128 = 8 steps an epoch
 
 
-def check_evaluations(run_dir, out, last="ckpt-24"):
-    """The sidecar evaluator evaluated every epoch's checkpoint, the last one as the run's own test."""
-    evaluations = json.loads((run_dir / "evaluation.json").read_text())["evaluations"]
-    assert evaluations[-1]["checkpoint"] == last  # it stops after the last epoch's
-    assert [e["epoch"] for e in evaluations] == sorted({e["epoch"] for e in evaluations})
-    final = json.loads((run_dir / "results.json").read_text())
-    assert evaluations[-1]["accuracy"] == pytest.approx(final["test_accuracy"], abs=1e-6)
-    assert f"[evaluator-0] evaluator: epoch 3 ({last})" in out
-
-
-def test_multi_worker_mirrored_two_workers_learn(tmp_path):
-    """...with the XLA-compiled step, the GPU path (which says on a CPU what it costs), and a sidecar
-    evaluator."""
-    run_dir = tmp_path / "run"
-    out = run_cli(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "trainer.jit_compile=true",
-                  "cluster.evaluator=true", "trainer.onednn=false", *SYNTHETIC_THREE_EPOCHS)
-    assert out.returncode == 0, out.stdout[-4000:]
-    results = json.loads((run_dir / "results.json").read_text())
-    # Every task, the fork server's children too, started TensorFlow as trainer.onednn says (on by
-    # default: test_cli's default run).
-    assert results["onednn"] is False and "cpu kernels: Eigen, oneDNN off (trainer.onednn=false)" in out.stdout
-    assert (results["num_workers"], results["num_replicas"], results["num_ps"]) == (2, 2, 0)
-    assert results["jit_compile"] is True and out.stdout.count("warning: trainer.jit_compile=true on a CPU") == 1
-    assert 0 < results["seconds_to_first_step"] < RUN_TIMEOUT  # from the command's start, across processes
-    assert results["test_accuracy"] > 0.6, results  # chance is 0.1
-    assert "[worker-0] Test accuracy" in out.stdout and "[worker-1] Test accuracy" not in out.stdout
-    tasks = json.loads((run_dir / "cluster.json").read_text())["tasks"]
-    assert [(t["name"], t["state"]) for t in tasks] == [
-        ("worker-0", "exited 0"), ("worker-1", "exited 0"), ("evaluator-0", "exited 0")]
-    worker_log = (run_dir / "logs" / "worker-1.log").read_text()
-    assert worker_log.count("Epoch 3/3 - 8 steps - ") == 1
-    check_evaluations(run_dir, out.stdout)
-    assert_nothing_left(run_dir)
+# multi_worker_mirrored's cluster learning (with XLA, a sidecar evaluator and oneDNN off, on files each
+# worker reads its own): test_files.
 
 
 def test_parameter_server_one_ps_two_workers_learn(tmp_path):
@@ -105,7 +74,7 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     ready = {t["name"]: t["seconds_to_ready"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
     assert 0 < max(ready["ps-0"], ready["worker-0"], ready["worker-1"]) < ready["chief-0"]
     assert ready["chief-0"] < results["seconds_to_first_step"] < 60
-    check_evaluations(run_dir, out.stdout, last="ckpt-48")
+    check_evaluations(run_dir, out.stdout, last="ckpt-48", epoch=3)
     assert_nothing_left(run_dir)
 
 

@@ -11,8 +11,8 @@ from .training import build, load_data, reader, set_precision, test_steps
 
 
 def evaluate_checkpoints(cfg, run: RunDir) -> dict:
-    """Evaluate each checkpoint the chief writes, until the last epoch's, with the model and data the
-    training builds."""
+    """Evaluate each checkpoint the chief writes, until the run's last (the last epoch's, or the one a
+    callback stopped training at), with the model and data the training builds."""
     t = cfg.trainer
     data = load_data(cfg, tf.distribute.get_strategy(), run)
     model, optimizer, probabilities, _ = build(cfg, data, set_precision(t))
@@ -38,6 +38,6 @@ def evaluate_checkpoints(cfg, run: RunDir) -> dict:
         where = f"epoch {epoch}" + (f" + {step} steps" if step else "")
         said = ", ".join(f"{name} {value:.4f}" for name, value in test.items())
         print(f"evaluator: {where} ({Path(path).name}): test {said}", flush=True)
-        if epoch >= t.epochs:
+        if epoch >= t.epochs or position.stopped_early:  # the run's last checkpoint
             break
     return {"checkpoint_dir": str(directory), "evaluations": evaluations}
