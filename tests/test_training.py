@@ -65,10 +65,10 @@ def test_batch_must_divide_over_the_replicas_found(tmp_path):
 
 
 def test_mixed_precision_xla_and_steps_per_execution(tmp_path):
-    results, model = train(small("trainer.mixed_precision=true", "trainer.jit_compile=true",
+    results, model = train(small("model=mlp", "trainer.mixed_precision=true", "trainer.jit_compile=true",
                                  "trainer.steps_per_execution=4", "trainer.epochs=2"), tmp_path)
     assert results["precision_policy"] == "mixed_bfloat16"  # no GPU here: bfloat16 is the CPU's kind
-    assert model.layers[1].compute_dtype == "bfloat16"
+    assert model.layers[2].compute_dtype == "bfloat16" and model.layers[-1].compute_dtype == "float32"  # the logits
     assert results["test_accuracy"] > 0.5
     assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
     train(small("trainer.mixed_precision=false"), tmp_path)
@@ -79,8 +79,8 @@ def test_mixed_precision_xla_and_steps_per_execution(tmp_path):
 def test_xla_compiles_the_step_on_one_cpu_device(tmp_path, strategy):
     """On GPUs every replica is compiled alike; on the CPU, XLA has one device (config.py refuses more).
     (one_device runs the default strategy's step, compiled in test_mixed_precision_xla_...)"""
-    results, _ = train(small(f"strategy={strategy}", "strategy.devices=[/cpu:0]", "trainer.jit_compile=true",
-                             "trainer.epochs=2"), tmp_path)
+    results, _ = train(small(f"strategy={strategy}", "strategy.devices=[/cpu:0]", "model=mlp",
+                             "trainer.jit_compile=true", "trainer.epochs=2"), tmp_path)
     assert results["jit_compile"] is True and results["test_accuracy"] > 0.5
 
 
