@@ -70,9 +70,11 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     assert "Epoch 3/3 - global step" in chief_log and "worker 0:" in chief_log and "worker 1:" in chief_log
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
         "chief-0.log", "evaluator-0.log", "forkserver.log", "ps-0.log", "worker-0.log", "worker-1.log"]
-    # Where the start-up went: the coordinator connects once every server is up, then trains.
+    # Where the start-up went: each task's time to its "ready" line, then the first step. (Not ordered
+    # across tasks: the launcher times a line as it reads it, and a server says so just after it starts
+    # listening, so the coordinator may connect and say so first: seen once, 2.83 s against the ps's 2.95.)
     ready = {t["name"]: t["seconds_to_ready"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
-    assert 0 < max(ready["ps-0"], ready["worker-0"], ready["worker-1"]) < ready["chief-0"]
+    assert all(0 < ready[name] < 60 for name in ("ps-0", "worker-0", "worker-1", "chief-0")), ready
     assert ready["chief-0"] < results["seconds_to_first_step"] < 60
     check_evaluations(run_dir, out.stdout, last="ckpt-48", epoch=3)
     assert_nothing_left(run_dir)
