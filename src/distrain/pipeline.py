@@ -155,7 +155,7 @@ class FileReader:
             ds = ds.shuffle(len(files), seed=self.cfg.trainer.seed, reshuffle_each_iteration=True)
         if images:
             return ds
-        return ds.interleave(plain(lambda f: tf.data.TFRecordDataset(f).enumerate().map(plain(lambda i, r: (f, i, r)))),
+        return ds.interleave(plain(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))),
                              cycle_length=min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
 
