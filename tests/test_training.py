@@ -71,7 +71,7 @@ def test_mixed_precision_xla_and_steps_per_execution(tmp_path):
     assert model.layers[2].compute_dtype == "bfloat16" and model.layers[-1].compute_dtype == "float32"  # the logits
     assert results["test_accuracy"] > 0.5
     assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
-    train(small("trainer.mixed_precision=false"), tmp_path)
+    train(small("model=mlp", "trainer.mixed_precision=false"), tmp_path)
     assert keras.mixed_precision.global_policy().name == "float32"  # reset by the next run
 
 
