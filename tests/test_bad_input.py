@@ -141,8 +141,13 @@ CASES = [
     ("optimizer-module", ["optimizer._target_=nosuch.Opt"], "optimizer._target_=nosuch.Opt: there is no module nosuch"),
     ("lr-scaling", ["trainer.lr_scaling=quadratic"], "trainer.lr_scaling=quadratic is not one of none, linear, sqrt"),
     ("decay-zero", ["schedule=cosine", "schedule.decay_steps=0"], "schedule.decay_steps=0 must be a positive integer"),
-    ("metrics-misfit", ["loss=mean_squared_error"], "metrics.accuracy (tf_keras.metrics.SparseCategoricalAccuracy) "
-     "reads integer class labels, but loss=mean_squared_error reads other labels: set metrics=regression"),
+    ("metrics-misfit", ["loss=mean_squared_error", "+metrics.acc={_target_: tf_keras.metrics.SparseCategoricalAccuracy}"],
+     "metrics.acc (tf_keras.metrics.SparseCategoricalAccuracy) reads integer class labels, but loss=mean_squared_error "
+     "reads other labels: set metrics=regression"),
+    ("target-argument-typo", ["optimizer._target_=tf_keras.optimizers.SGD", "+optimizer.momentun=0.9"],
+     "optimizer.momentun is not an argument of tf_keras.optimizers.SGD (it takes "),
+    ("callback-argument", ["+callbacks.stop={_target_: tf_keras.callbacks.EarlyStopping, monitor: loss, patiense: 2}"],
+     "callbacks.stop.patiense is not an argument of tf_keras.callbacks.EarlyStopping (it takes "),
     ("metric-no-target", ["+metrics.foo=3"], "metrics.foo must be a _target_ (module.Class) and its arguments"),
     ("metrics-typo", ["metric=regression"], "metric is not a key of the config: set e.g. metrics=accuracy"),
     ("loss-option", ["loss=mse"], "loss=mse is not an option of loss (binary_crossentropy, categorical_crossentropy"),
@@ -342,7 +347,8 @@ def _data_files(tmp_path) -> dict:
     return found
 
 
-NEEDS_TENSORFLOW = {"device-name", "idx-corrupt", "checkpoint-dir-file"}  # (the task's own checks: unit-tested)
+NEEDS_TENSORFLOW = {"device-name", "idx-corrupt", "checkpoint-dir-file", "target-argument-typo",
+                    "callback-argument"}  # (the task's own checks: unit-tested)
 # A few cases that fail before TensorFlow run as a user runs them too, in a process of their own.
 AS_A_USER = {"typo", "epochs-zero", "strategy-typo", "tf-config-json", "run-dir-under-file", "printed-cross"}
 

@@ -30,6 +30,29 @@ def test_help_is_instant_and_lists_the_groups(tmp_path):
         capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.slow
+def test_write_tfrecords_takes_the_flags_a_run_takes(tmp_path):
+    """--help answers with exit 0; a config directory of the user's composes as a run's does; bad input is
+    one line, exit 2 (the control: a key its data option lacks)."""
+    def command(*args):
+        return subprocess.run([sys.executable, str(TRAIN_PY), "write-tfrecords", *args], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+
+    shown = command("--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: distrain write-tfrecords"), shown.stderr
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "tiny.yaml").write_text("defaults: [synthetic]\ntrain_examples: 64\n")
+    (tmp_path / "conf" / "data" / "typo.yaml").write_text("defaults: [synthetic]\ntrain_exampels: 64\n")
+    bad = command("--config-dir", "conf", "data=typo", f"out={tmp_path / 'out'}")
+    assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "train_exampels" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "out").exists()
+    missing = command("data=synthetic")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: write-tfrecords needs out=DIR"), missing.stderr
+    written = command("--config-dir", "conf", "data=tiny", "data.test_examples=16", f"out={tmp_path / 'out'}",
+                      "shards=2")
+    assert written.returncode == 0 and "train: 64 examples in 2 file(s)" in written.stdout, written.stderr[-2000:]
+
+
 def test_cfg_job_prints_a_valid_config_and_runs_nothing(tmp_path):
     """The control of the catalogue's --cfg cases: checked like a run, a valid config is printed as is."""
     out = run_cli(tmp_path / "run", "strategy=mirrored", "--cfg", "job", "trainer.epochs=3", timeout=60)

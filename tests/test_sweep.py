@@ -20,7 +20,7 @@ import portpicker
 import pytest
 import yaml
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, tensorboard_values
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, tensorboard_values
 from distrain import cluster, dashboard, supervisor, sweep, task_output
 from distrain.rundir import RunDir
 
@@ -244,7 +244,7 @@ def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_pat
 
     shards = tmp_path / "shards"  # (the command's own code, in this process: TensorFlow is imported here already)
     assert tfrecords.main(["data=synthetic", "data.train_examples=512", "data.test_examples=128", f"out={shards}",
-                           "shards=3"]) == 0
+                           "shards=3"], lambda overrides: make_cfg(*overrides)) == 0
     assert sorted(p.name for p in shards.iterdir()) == \
         [f"test-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
     sweep_dir = tmp_path / "sweep"

@@ -93,7 +93,7 @@ def test_a_metric_that_cannot_be_summed_is_one_line():
 
 def test_a_metric_of_probabilities_given_logits_is_one_line():
     from distrain.errors import ConfigError
-    from distrain.metrics import check_metrics_read_the_outputs as check
+    from distrain.metrics import check_metrics_read_the_outputs as check, pick_accuracy
 
     binary = make_cfg("loss=binary_crossentropy", "metrics=binary").metrics
     with pytest.raises(ConfigError, match=r"^metrics.accuracy \(tf_keras.metrics.BinaryAccuracy\) reads probabilities, "
@@ -104,7 +104,8 @@ def test_a_metric_of_probabilities_given_logits_is_one_line():
     check(binary, probabilities=True)  # the controls: a sigmoid output, and metrics set for logits
     check(make_cfg("metrics=binary", "+metrics.accuracy.threshold=0", "+metrics.auc.from_logits=true").metrics,
           probabilities=False)
-    check(make_cfg().metrics, probabilities=False)  # (sparse categorical accuracy: the highest output, either way)
+    for labels in ("classes", "binary"):  # the default: sparse categorical accuracy (the highest output, either
+        check(pick_accuracy(make_cfg().metrics, labels, False)[0], probabilities=False)  # way); binary at 0
 
 
 def test_the_one_hot_loss_given_class_indices_is_one_line():
@@ -392,3 +393,12 @@ def test_a_metric_that_fails_in_evaluate_is_one_line(tmp_path):
                                           r"that loss and metrics fit .* try trainer.mixed_precision=false$"):
         run("true")
     assert "val_r2" in run("false")["history"]
+
+
+def test_a_callback_with_per_batch_hooks_is_told_apart():
+    """The loop calls epoch hooks only: a callback of per-batch hooks (TerminateOnNaN's on_batch_end) is
+    said; one of epoch hooks (EarlyStopping) is not, the control."""
+    from distrain.training import _batch_hooks
+
+    assert _batch_hooks(keras.callbacks.TerminateOnNaN())
+    assert not _batch_hooks(keras.callbacks.EarlyStopping())

@@ -56,9 +56,12 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     name = full.rsplit(".", 1)[-1]
     parent_node = getattr(exc, "parent_node", None)
     if schema is None and "not in struct" in str(exc) and isinstance(parent_node, DictConfig) and "." in full:
-        parent = full.rsplit(".", 1)[0]  # a key a user's own option (model=mine) does not have
-        return (f"{full} is not a key of {parent} (it has {', '.join(map(str, parent_node.keys()))}): drop it, or "
-                f"add it as +{full}=... if {parent}'s _target_ takes it")
+        parent = full.rsplit(".", 1)[0]  # a key the option does not have (untyped while composing: OWN groups)
+        close = _close_key(parent, parent_node, name)
+        if close:
+            return f"{full} is not a key of {parent}: set e.g. {close}"
+        takes = f", or add it as +{full}=... if {parent}'s _target_ takes it" if parent_node.get("_target_") else ""
+        return f"{full} is not a key of {parent} (it has {', '.join(map(str, parent_node.keys()))}): drop it{takes}"
     if schema is None:
         return str(exc).splitlines()[0]
     fields = [f.name for f in dataclasses.fields(schema)]
@@ -80,15 +83,42 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     return f"{full}={_shown(exc.value)} must be {kind}: set e.g. {full}={example}"
 
 
+def _close_key(group: str, node: DictConfig, name: str) -> str:
+    """`group.key=example` for a schema key of the group's node close to `name` (a typo), else ""."""
+    try:
+        schema = _schema_of(group, node) if group in SCHEMAS else None
+    except ConfigError:
+        return ""
+    fields = [f.name for f in dataclasses.fields(schema)] if schema else []
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    return f"{group}.{close[0]}={_example(schema, close[0])}" if close else ""
+
+
 def _defaults(schema) -> dict:
     return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
             for f in dataclasses.fields(schema)}
 
 
+def _without_brought_along(group: str, node: dict) -> dict:
+    """A node whose option's class a preset or override has replaced (`_target_` named anew): without
+    the keys the option brought along at its defaults, which are not the new class's arguments."""
+    option = SCHEMAS[group].get(node.get("name"))
+    if option is None:
+        return node
+    defaults = _defaults(option)
+    if node.get("_target_") == defaults.get("_target_"):
+        return node
+    return {k: v for k, v in node.items() if not (k in defaults and _plain(v) == _plain(defaults[k]))}
+
+
+def _plain(value):
+    return value.value if isinstance(value, Enum) else value
+
+
 def _schema_of(group: str, node) -> type:
-    name = node.get("name", "default") if isinstance(node, DictConfig) else None
+    name = node.get("name", "default") if isinstance(node, (dict, DictConfig)) else None
     options = SCHEMAS[group]
-    if group in OWN and isinstance(node, DictConfig):
+    if group in OWN and isinstance(node, (dict, DictConfig)):
         target = node.get("_target_")
         builtin = {_defaults(schema).get("_target_"): schema for schema in options.values()}  # cnn, mlp
         if target and target in builtin:
@@ -101,14 +131,21 @@ def _schema_of(group: str, node) -> type:
     return options[name]
 
 
-def own_node(group: str, node: DictConfig) -> tuple[dict, dict]:
-    """A user's model or data node: (the keys distrain reads, the builder's or loader's arguments).
-    `model._target_=...` on the command line replaces a built-in option's builder but leaves that
-    option's keys in the node: those still at their defaults are not the new builder's, so they go."""
-    replaced = SCHEMAS[group].get(node.get("name"))
-    defaults = _defaults(replaced) if replaced else {}
-    node = {k: v for k, v in node.items() if not (k in defaults and v == defaults[k])}
-    own = [f.name for f in dataclasses.fields(OWN[group])]
+def split(group: str, node) -> tuple[type, dict, dict]:
+    """(The node's schema, its keys that are the schema's, the arguments of its class): a node that
+    names a class (`_target_`) gives it every key its schema does not have, checked against the class
+    in the task (targets.check_arguments). Another node has the schema's keys alone."""
+    node = _without_brought_along(group, dict(node)) if group in OWN else dict(node)
+    schema = _schema_of(group, node)
+    if schema is OWN.get(group):
+        _check_own(group, node)
+    if group not in OWN or not node.get("_target_"):
+        return schema, node, {}
+    fields = {f.name for f in dataclasses.fields(schema)}
+    return schema, {k: v for k, v in node.items() if k in fields}, {k: v for k, v in node.items() if k not in fields}
+
+
+def _check_own(group: str, node: dict) -> None:
     if group == "model" and not node.get("_target_") and not node.get("path"):
         raise ConfigError("a model option needs _target_ (its builder) or path (a saved model): set e.g. "
                           "model._target_=mymodels.small_cnn")
@@ -118,7 +155,11 @@ def own_node(group: str, node: DictConfig) -> tuple[dict, dict]:
     if group == "data" and not node.get("_target_"):
         raise ConfigError("a data option of your own needs _target_ (its loader): set e.g. data._target_=mydata.load, "
                           "or use data=npz data.path=FILE.npz")
-    return {k: v for k, v in node.items() if k in own}, {k: v for k, v in node.items() if k not in own}
+
+
+def own_node(group: str, node) -> tuple[dict, dict]:
+    """A model or data node: (the keys distrain reads, the builder's or loader's arguments)."""
+    return split(group, node)[1:]
 
 
 def check(cfg: DictConfig) -> DictConfig:
@@ -138,9 +179,7 @@ def check(cfg: DictConfig) -> DictConfig:
                           else "drop it (`python train.py --help` lists every key)"))
     checked = {}
     for group in SCHEMAS:
-        schema, node, arguments = _schema_of(group, plain[group]), plain[group], {}
-        if schema is OWN.get(group):
-            node, arguments = own_node(group, node)
+        schema, node, arguments = split(group, plain[group])
         try:
             node = OmegaConf.merge(OmegaConf.structured(schema), node)
         except OmegaConfBaseException as exc:
@@ -168,6 +207,8 @@ def check_entries(group: str, node, example: str) -> dict:
         raise ConfigError(f"{group}={node} is not named entries: choose an option of {group} or name each entry, "
                           f"e.g. +{group}.mine='{{_target_: {example}}}'")
     for name, entry in node.items():
+        if group == "metrics" and entry == "auto":  # Keras's "accuracy": the one the labels want (metrics.py)
+            continue
         target = entry.get("_target_") if isinstance(entry, DictConfig) else None
         if not isinstance(target, str) or not TARGET.ok(target):
             raise ConfigError(f"{group}.{name} must be a _target_ (module.Class) and its arguments, not {entry}: set "
@@ -185,8 +226,7 @@ def describe(cfg: DictConfig) -> str:
     for group in SCHEMAS:
         node = cfg.get(group)
         try:
-            schema = _schema_of(group, node)
-            arguments = own_node(group, node)[1] if schema is OWN.get(group) else {}
+            schema, _, arguments = split(group, node)
         except ConfigError:
             continue
         lines.append(f"{group}:")

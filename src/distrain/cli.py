@@ -227,19 +227,20 @@ def main() -> None:
         from . import sweep
 
         sys.exit(sweep.main(sys.argv[2:]))
-    if sys.argv[1:2] == ["write-tfrecords"]:
-        from . import tfrecords
-
-        sys.exit(tfrecords.main(sys.argv[2:]))
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
     # HYDRA_FULL_ERROR=1 gets the traceback instead.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     logging.raiseExceptions = False  # a log file that cannot be written (a full disk): no traceback per line
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    command = sys.argv.pop(1) if sys.argv[1:2] == ["write-tfrecords"] else None
     flags, overrides = _flags_first(sys.argv[1:])
     sys.argv[1:] = flags + overrides
     OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
+        if command:  # (a tool of its own; it takes the config directories and overrides a run takes)
+            from . import tfrecords
+
+            sys.exit(tfrecords.main(overrides, lambda o: _compose(flags, o), help=bool({"-h", "--help"} & set(flags))))
         if _quick_help(flags, overrides):
             return
         if not _printed_config(flags, overrides):

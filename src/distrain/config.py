@@ -55,7 +55,8 @@ def validate(cfg: DictConfig) -> DictConfig:
             check_importable(f"{group}._target_", cfg[group]._target_)
     for group in ("metrics", "callbacks"):
         for name, entry in (cfg.get(group) or {}).items():
-            check_importable(f"{group}.{name}._target_", entry._target_)
+            if entry != "auto":
+                check_importable(f"{group}.{name}._target_", entry._target_)
     check_monitors(cfg)
     check_metrics_fit_loss(cfg)
     split = cfg.data.get("validation_split")
@@ -134,32 +135,36 @@ def check_devices_present(strategy: DictConfig) -> None:
             raise ConfigError(missing_device(device, have))
 
 
-# Metrics that read integer class labels, and the built-in losses whose labels are something else.
+# Metrics that read integer class labels, and the option of metrics that fits each other kind of labels.
 CLASS_INDEX_METRICS = ("tf_keras.metrics.SparseCategoricalAccuracy", "tf_keras.metrics.SparseTopKCategoricalAccuracy",
                        "tf_keras.metrics.SparseCategoricalCrossentropy")
-OTHER_LABELS = {"categorical_crossentropy": "categorical", "binary_crossentropy": "binary",
-                "mean_squared_error": "regression", "mean_absolute_error": "regression", "huber": "regression"}
+FITTING = {"one_hot": "categorical", "binary": "binary", "values": "regression"}
 
 
 def check_metrics_fit_loss(cfg) -> None:
     """A metric of class indices beside a built-in loss of other labels would measure nonsense silently;
-    data in files holds class indices, which only the default loss reads."""
-    from .data import FILE_SOURCES, class_labels  # (data.py reads the config's helpers: imported here)
-
-    loss = cfg.loss.get("name")
+    data in files holds class indices, which a loss of other labels cannot read."""
+    loss, labels = cfg.loss.get("name") or cfg.loss._target_, schema.labels_read(cfg.loss)
     for name, entry in (cfg.get("metrics") or {}).items():
-        if loss in OTHER_LABELS and entry.get("_target_") in CLASS_INDEX_METRICS:
+        if labels in FITTING and entry != "auto" and entry.get("_target_") in CLASS_INDEX_METRICS:
             raise ConfigError(f"metrics.{name} ({entry._target_}) reads integer class labels, but loss={loss} reads "
-                              f"other labels: set metrics={OTHER_LABELS[loss]}, or remove it with ~metrics.{name}")
-    if cfg.data.source in FILE_SOURCES and not class_labels(cfg.loss):
-        raise ConfigError(f"data={cfg.data.source} holds integer class labels, which loss={loss or cfg.loss._target_} "
-                          "does not read: use loss=sparse_categorical_crossentropy with data in files (other labels: "
-                          "data=npz or a loader of your own)")
+                              f"other labels: set metrics={FITTING[labels]}, or remove it with ~metrics.{name}")
+    if cfg.data.source in schema.FILE_SOURCES and labels not in (None, "classes"):
+        raise ConfigError(f"data={cfg.data.source} holds integer class labels, which loss={loss} does not read: use "
+                          "loss=sparse_categorical_crossentropy with data in files (other labels: data=npz or a loader "
+                          "of your own)")
+
+
+def metric_names(cfg) -> list:
+    """The metrics a run logs: its entries, but for an `auto` accuracy that the loss's labels have none of."""
+    labels = schema.labels_read(cfg.loss)
+    return [name for name, entry in (cfg.get("metrics") or {}).items()
+            if not (entry == "auto" and labels and schema.ACCURACY[labels] is None)]
 
 
 def check_objective(cfg) -> None:
     """trainer.objective names a number every run's results.json holds (a sweep's job: what it returns)."""
-    numbers = ["test_loss", *(f"test_{name}" for name in cfg.get("metrics") or {}), "final_train_loss",
+    numbers = ["test_loss", *(f"test_{name}" for name in metric_names(cfg)), "final_train_loss",
                "examples_per_sec", "steps_per_sec", "train_seconds"]
     if cfg.trainer.objective not in numbers:
         raise ConfigError(f"trainer.objective={cfg.trainer.objective} is not a number of a run's results.json: set it "
@@ -168,7 +173,7 @@ def check_objective(cfg) -> None:
 
 def check_monitors(cfg) -> None:
     """A callback watching a quantity the run never logs would never act (Keras only warns, every epoch)."""
-    logged = ["loss", *(cfg.get("metrics") or {})]
+    logged = ["loss", *metric_names(cfg)]
     if cfg.trainer.validate_every:
         logged += [f"val_{name}" for name in logged]
     for name, entry in (cfg.get("callbacks") or {}).items():
@@ -210,19 +215,6 @@ def instantiate_as(key: str, node, kind: type, fix: str, wrong: str, drop=(), **
     if not isinstance(made, kind):
         raise ConfigError(f"{key}={node._target_} returned {type(made).__name__}, not {wrong}")
     return made
-
-
-def parameters(target: str) -> set:
-    """The argument names of the class or function `target` names (none if it cannot be imported: then
-    instantiate says why)."""
-    import inspect
-
-    from hydra._internal.utils import _locate
-
-    try:
-        return set(inspect.signature(_locate(target)).parameters)
-    except Exception:  # noqa: BLE001 - instantiate reports a target that cannot be found
-        return set()
 
 
 def reason(exc: BaseException, target: str = "") -> str:

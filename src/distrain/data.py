@@ -23,7 +23,7 @@ from .config import instantiate
 from .errors import ConfigError
 from .process import scratch
 from .checking import own_node
-from .schema import label
+from .schema import FILE_SOURCES, label
 
 BUNDLED = Path(__file__).parent / "data" / "mnist-10k.npz"
 BUNDLED_TRAIN = 8000
@@ -76,9 +76,11 @@ def _download(url: str, dest: Path, timeout: float):
         return getattr(exc, "reason", exc)
 
 
-def load(data, seed: int, classes: bool = True):
-    """((x_train, y_train), (x_test, y_test)): images (N, H, W, C), uint8 (0-255) or float32 (as they
-    are), and integer labels from 0 to num_classes(data, ...) - 1. Bad data is a ConfigError."""
+def load(data, seed: int, reads: str | None = "classes"):
+    """((x_train, y_train), (x_test, y_test)), checked for the labels the loss `reads` (schema.LABELS;
+    None: what the labels look like, labels_of). Class indices: images (N, H, W, C), uint8 (0-255) or
+    float32 (as they are), and integer labels from 0 to num_classes(data, ...) - 1; other labels:
+    _any_labels. Bad data is a ConfigError."""
     source = data.source
     if source == "bundled":
         images, labels = _read_npz(BUNDLED, "images", "labels")
@@ -105,7 +107,19 @@ def load(data, seed: int, classes: bool = True):
         splits = synthetic(data.train_examples, data.test_examples, seed)
     else:
         raise ConfigError(f"data.source={source!r} is unknown: use auto, bundled, keras, idx, npz or synthetic")
-    return _checked(splits, data, classes)
+    return _checked(splits, data, (reads or labels_of(splits[0][1])) == "classes")
+
+
+def labels_of(labels) -> str:
+    """What labels look like, where the loss does not say (a loss of the user's): integer indices, one
+    per example, are classes; rows of 0 and 1 are one-hot where each sums to 1, else binary; the rest
+    are values (regression)."""
+    labels = np.asarray(labels)
+    if np.issubdtype(labels.dtype, np.integer) and (labels.ndim == 1 or labels.ndim == 2 and labels.shape[1] == 1):
+        return "classes"
+    if labels.ndim == 2 and labels.shape[1] > 1 and np.isin(labels, (0, 1)).all():
+        return "one_hot" if (labels.sum(axis=1) == 1).all() else "binary"
+    return "values"
 
 
 NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the layout of Keras's own mnist.npz
@@ -172,21 +186,12 @@ def idx_file(path: Path, split: str, kind: str) -> Path:
     return hits[0]
 
 
-FILE_SOURCES = ("tfrecord", "images")  # streamed from files (files.py, pipeline.FileReader), never loaded
-
-
-def class_labels(loss_node) -> bool:
-    """Whether the config's loss reads integer class labels (the default loss): then the data's labels are
-    checked as such, and their classes counted."""
-    return loss_node._target_ == "tf_keras.losses.SparseCategoricalCrossentropy"
-
-
-def check_files(data, seed: int = 0, classes: bool = True):
+def check_files(data, seed: int = 0, reads: str | None = "classes"):
     """The data files are there and sound (else ConfigError): a run, or a cluster, finds out before it
     starts. IDX files: the four are there; an .npz file: read and checked whole, as a task will; TFRecord
     files and image folders: scanned (files.FileData, returned)."""
     if data.source in FILE_SOURCES:
-        from .files import scan
+        from .files import scan  # (TensorFlow: only where there are files to scan)
 
         return scan(data, seed)
     if data.source == "idx":
@@ -194,7 +199,7 @@ def check_files(data, seed: int = 0, classes: bool = True):
             for kind in ("images", "labels"):
                 idx_file(Path(data.path), split, kind)
     elif data.source == "npz":
-        load(data, seed=0, classes=classes)
+        load(data, seed=0, reads=reads)
 
 
 def _read_idx_dir(path: Path):

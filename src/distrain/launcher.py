@@ -135,7 +135,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         source, why = data.resolve_source(cfg.data)
         cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
         on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
-        found = data.check_files(cfg.data, cfg.trainer.seed, data.class_labels(cfg.loss)) if on_this_machine else None  # (a ps task
+        found = data.check_files(cfg.data, cfg.trainer.seed, schema.labels_read(cfg.loss)) if on_this_machine else None  # (a ps task
         # elsewhere needs no data; a task elsewhere scans its files itself)
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)

@@ -12,8 +12,10 @@ import tensorflow as tf
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from .config import instantiate_as, parameters, reason
+from .config import instantiate_as, reason
 from .errors import ConfigError
+from .schema import ACCURACY, labels_read
+from .targets import takes as arguments
 
 
 def make_loss(node, probabilities: bool, reduction: str = "none", plain: bool = False):
@@ -70,7 +72,7 @@ class Float32Metric(keras.metrics.Metric):
 def check_labels(node, labels) -> None:
     """Labels a built-in cross-entropy would misread without an error: class indices given to the
     one-hot loss (a model of one output, whose softmax is always 1)."""
-    if node._target_ == "tf_keras.losses.CategoricalCrossentropy" and (labels.ndim != 2 or labels.shape[1] < 2):
+    if labels_read(node) == "one_hot" and (labels.ndim != 2 or labels.shape[1] < 2):
         raise ConfigError(f"loss=categorical_crossentropy reads one-hot label rows (N, classes), not labels of shape "
                           f"{labels.shape}: use loss=sparse_categorical_crossentropy for class indices")
 
@@ -88,6 +90,28 @@ def check_loss(loss, labels, outputs, name: str) -> None:
         raise ConfigError(f"loss={name} does not fit the model's outputs {tuple(outputs.shape)} and the labels "
                           f"{tuple(labels.shape)}{why}: give the model's last layer as many units as a label has values "
                           "(num_classes, which distrain passes to the builder), or choose the loss for these labels")
+
+
+KINDS = {"classes": "class indices", "one_hot": "one-hot label rows", "binary": "rows of 0/1 labels",
+         "values": "values (regression)"}
+
+
+def pick_accuracy(node, labels: str, probabilities: bool):
+    """(The metrics node with each `auto` entry made the accuracy Keras's compile(metrics=["accuracy"])
+    picks for these labels (schema.ACCURACY: none of values), a line saying what it picked, or ""). Binary
+    accuracy of logits thresholds them at 0, a probability of 0.5 (Keras's own would read them as 0.5)."""
+    picked, said = {}, []
+    for name, entry in (node or {}).items():
+        if entry != "auto":
+            picked[name] = entry
+            continue
+        target = ACCURACY[labels]
+        said.append(f"metrics.{name}: {target.rsplit('.', 1)[1] if target else 'none'} (auto: the labels are "
+                    f"{KINDS[labels]}{'' if target else ', which have no accuracy'})")
+        if target:
+            picked[name] = {"_target_": target, **({"threshold": 0.0} if labels == "binary" and not probabilities
+                                                   else {})}
+    return OmegaConf.create(picked), "; ".join(said)
 
 
 def make_metrics(node) -> dict:
@@ -109,7 +133,9 @@ def check_metrics_read_the_outputs(node, probabilities: bool) -> None:
     if probabilities:
         return
     for name, entry in (node or {}).items():
-        takes = parameters(entry._target_)
+        if entry == "auto":  # (pick_accuracy makes it fit the outputs)
+            continue
+        takes = arguments(entry._target_) or set()
         if "from_logits" in takes:
             if entry.get("from_logits"):
                 continue

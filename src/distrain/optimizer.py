@@ -4,9 +4,10 @@ rate with the global batch (trainer.lr_scaling)."""
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from .config import instantiate, instantiate_as, parameters
+from .config import instantiate, instantiate_as
 from .errors import ConfigError
 from .schema import lr_factor
+from .targets import takes
 
 # Keys of a schedule node that are distrain's, not the schedule class's.
 WARMUP_KEYS = ("warmup_steps", "warmup_epochs")
@@ -64,8 +65,7 @@ def learning_rate(cfg, steps_per_epoch: int):
         arguments = OmegaConf.masked_copy(node, [k for k in node if k not in (*WARMUP_KEYS, "name")])
         if "decay_steps" in arguments and arguments.decay_steps is None:
             arguments.decay_steps = total
-        takes = parameters(node._target_)
-        if "initial_learning_rate" in takes and "initial_learning_rate" not in arguments:
+        if "initial_learning_rate" in (takes(node._target_) or ()) and "initial_learning_rate" not in arguments:
             arguments.initial_learning_rate = t.learning_rate
         schedule = instantiate("schedule._target_", arguments, "it must name a tf_keras LearningRateSchedule (or a "
                                "function returning one) taking the schedule node's other keys")

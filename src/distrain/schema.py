@@ -11,9 +11,10 @@ import math
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, List, NamedTuple, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 CORES = len(os.sched_getaffinity(0))
 MAX_PER_CORE = 8  # virtual devices, or local cluster tasks, per core: beyond that a run only crawls
@@ -61,6 +62,9 @@ class DataSource(StrEnum):  # str() and f-strings give the name
     synthetic = "synthetic"
     tfrecord = "tfrecord"
     images = "images"
+
+
+FILE_SOURCES = (DataSource.tfrecord, DataSource.images)  # streamed from files (files.py, pipeline.py), never loaded
 
 
 class StrategyName(StrEnum):  # the strategy group's options; compare names with these, not with strings
@@ -297,6 +301,7 @@ LOSS_DOC = "the loss class: called with the keys below (and reduction)"
 
 @dataclass
 class SparseCategoricalCrossentropy:
+    labels: ClassVar[str] = "classes"
     _target_: str = key("tf_keras.losses.SparseCategoricalCrossentropy", LOSS_DOC)
     name: str = key("sparse_categorical_crossentropy", "single-label classification: integer labels 0..classes-1")
     from_logits: Any = FROM_LOGITS
@@ -304,6 +309,7 @@ class SparseCategoricalCrossentropy:
 
 @dataclass
 class CategoricalCrossentropy:
+    labels: ClassVar[str] = "one_hot"
     _target_: str = key("tf_keras.losses.CategoricalCrossentropy", LOSS_DOC)
     name: str = key("categorical_crossentropy", "single-label classification: one-hot label rows")
     from_logits: Any = FROM_LOGITS
@@ -312,6 +318,7 @@ class CategoricalCrossentropy:
 
 @dataclass
 class BinaryCrossentropy:
+    labels: ClassVar[str] = "binary"
     _target_: str = key("tf_keras.losses.BinaryCrossentropy", LOSS_DOC)
     name: str = key("binary_crossentropy", "binary or multi-label classification: rows of 0/1 labels, one output each "
                     "(sigmoid)")
@@ -321,21 +328,38 @@ class BinaryCrossentropy:
 
 @dataclass
 class MeanSquaredError:
+    labels: ClassVar[str] = "values"
     _target_: str = key("tf_keras.losses.MeanSquaredError", LOSS_DOC)
     name: str = key("mean_squared_error", "regression: float targets")
 
 
 @dataclass
 class MeanAbsoluteError:
+    labels: ClassVar[str] = "values"
     _target_: str = key("tf_keras.losses.MeanAbsoluteError", LOSS_DOC)
     name: str = key("mean_absolute_error", "regression: float targets")
 
 
 @dataclass
 class Huber:
+    labels: ClassVar[str] = "values"
     _target_: str = key("tf_keras.losses.Huber", LOSS_DOC)
     name: str = key("huber", "regression, robust to outliers: squared below delta, linear above")
     delta: float = key(1.0, "where the loss turns from squared to linear", FINITE_POSITIVE)
+
+
+# What a loss reads (its `labels`): class indices, one-hot rows, rows of 0/1 per output, or values
+# (regression). A loss of the user's says nothing: the labels themselves decide (data.labels_kind).
+LABELS = ("classes", "one_hot", "binary", "values")
+# Keras's compile(metrics=["accuracy"]): the accuracy of those labels; none of values.
+ACCURACY = {"classes": "tf_keras.metrics.SparseCategoricalAccuracy", "one_hot": "tf_keras.metrics.CategoricalAccuracy",
+            "binary": "tf_keras.metrics.BinaryAccuracy", "values": None}
+
+
+def labels_read(loss) -> str | None:
+    """What the config's loss reads (LABELS), or None for a loss of the user's."""
+    found = [s for s in SCHEMAS["loss"].values() if defaults(s)["_target_"] == loss.get("_target_")]
+    return found[0].labels if found else None
 
 
 @dataclass
@@ -370,6 +394,14 @@ class Data:
     shuffle_buffer: int = SHUFFLE_BUFFER
     num_classes: Optional[int] = NUM_CLASSES
     validation_split: float = VALIDATION_SPLIT
+
+
+@dataclass
+class FashionMnist(Data):
+    name: str = key("fashion_mnist", "Zalando's Fashion-MNIST: 60k/10k grey 28x28 images of 10 kinds of clothing")
+    source: DataSource = key(DataSource.idx, "idx: Debian's dataset-fashion-mnist (apt-get install "
+                             "dataset-fashion-mnist); or keras, auto")
+    path: Optional[str] = key("/usr/share/datasets/fashion-mnist", "directory of its IDX files")
 
 
 @dataclass
@@ -561,7 +593,7 @@ SCHEMAS = {
                  "central_storage": CentralStorage, "multi_worker_mirrored": MultiWorkerMirrored,
                  "parameter_server": ParameterServer},
     "model": {"cnn": Cnn, "mlp": Mlp},
-    "data": {"mnist": Data, "fashion_mnist": Data, "synthetic": Synthetic, "npz": Npz, "tfrecord": TFRecord,
+    "data": {"mnist": Data, "fashion_mnist": FashionMnist, "synthetic": Synthetic, "npz": Npz, "tfrecord": TFRecord,
              "images": Images},
     "trainer": {"default": Trainer},
     "optimizer": {"adam": Adam, "adamw": AdamW, "sgd": Sgd, "rmsprop": RMSprop},
@@ -573,16 +605,24 @@ SCHEMAS = {
 }
 
 
+# Groups whose options may be the user's own: a node with a `_target_` that is no built-in option's.
+OWN = {"model": Builder, "data": Loader, "optimizer": OwnOptimizer, "schedule": OwnSchedule, "loss": OwnLoss}
+
+
+def defaults(schema) -> dict:
+    """An option's keys and their defaults, as plain values (enums as their names)."""
+    return OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True)
+
+
 def register() -> None:
+    """The options of the groups that name a class (OWN) are stored untyped: a preset or override that
+    names another class with arguments of its own then composes, and checking.check() types what is
+    the schema's and checks the rest against the class. The other groups stay typed while composing."""
     store = ConfigStore.instance()
     store.store(name="schema", node=Root)
     for group, options in SCHEMAS.items():
         for option, schema in options.items():
-            store.store(group=f"schema/{group}", name=option, node=schema)
-
-
-# Groups whose options may be the user's own: a node with a `_target_` that is no built-in option's.
-OWN = {"model": Builder, "data": Loader, "optimizer": OwnOptimizer, "schedule": OwnSchedule, "loss": OwnLoss}
+            store.store(group=f"schema/{group}", name=option, node=defaults(schema) if group in OWN else schema)
 
 
 def label(node) -> str:

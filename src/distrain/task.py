@@ -40,9 +40,11 @@ def main(argv=None) -> int:
         # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
         from .pipeline import bad_data, unreadable_on_worker
         from .strategy import configure_devices, make_strategy
+        from .targets import check_arguments
         from .training import train
 
         one_line_records()
+        check_arguments(cfg)  # each _target_ given only what it takes: before any device, peer or data
 
         if context.task and cfg.strategy.name == PS:  # the coordinator: up once its ps and workers are
             cluster_lib.wait_for_peers(cluster_lib.peers(context.cluster, context.task))

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError, print_error
+from .schema import FILE_SOURCES
 
-USAGE = ("usage: distrain write-tfrecords [data=... overrides] out=DIR [shards=N] [encoding=png|raw]   (e.g. "
-         "data=npz data.path=x.npz)")
+USAGE = ("distrain write-tfrecords [--config-dir DIR] [data=... overrides] out=DIR [shards=N] [encoding=png|raw]   "
+         "(e.g. data=npz data.path=x.npz out=data)")
 OPTIONS = ("out", "shards", "encoding")
 
 
@@ -53,15 +54,19 @@ def _ints(value: int):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
 
 
-def main(argv: list) -> int:
+def main(argv: list, compose, help: bool = False) -> int:
+    """The command: argv its key=value arguments, compose(overrides) the run's config of the others (as
+    cli.py composes a run's, --config-dir included); help: print the usage."""
     from . import data
-    from .cli import _compose
     from .config import validate
 
     options = dict(a.split("=", 1) for a in argv if a.split("=", 1)[0] in OPTIONS)
     overrides = [a for a in argv if a.split("=", 1)[0] not in OPTIONS]
-    if "out" not in options or any(a in ("-h", "--help") for a in argv):
-        print(USAGE, file=sys.stderr)
+    if help:
+        print("usage: " + USAGE)
+        return 0
+    if "out" not in options:
+        print_error("write-tfrecords needs out=DIR, the directory to write the shards to: set it, as in " + USAGE)
         return 2
     try:
         shards = int(options.get("shards", 8))
@@ -76,8 +81,8 @@ def main(argv: list) -> int:
         return 2
     raw = options.get("encoding") == "raw"
     try:
-        cfg = validate(_compose([], overrides))
-        if cfg.data.source in data.FILE_SOURCES:
+        cfg = validate(compose(overrides))
+        if cfg.data.source in FILE_SOURCES:
             raise ConfigError(f"data={cfg.data.name} is in files already: write-tfrecords takes an array source "
                               "(bundled, keras, idx, npz, a loader, synthetic)")
         source, _ = data.resolve_source(cfg.data)

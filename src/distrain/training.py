@@ -17,8 +17,8 @@ from .checkpoints import Checkpoints, Progress, resume, segments
 from .config import check_batch_divides, instantiate_as
 from .context import RunContext
 from .errors import ConfigError, Diverged
-from .data import class_labels
-from .metrics import Tally, check_labels, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics
+from .metrics import Tally, check_labels, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, \
+    pick_accuracy
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
 from .files import FileData
@@ -52,6 +52,7 @@ class Arrays(NamedTuple):
     y_test: np.ndarray
     classes: int
     steps: int  # global steps an epoch
+    labels: str  # what the labels are (schema.LABELS)
     x_val: np.ndarray | None = None  # data.validation_split's, held out of the training arrays
     y_val: np.ndarray | None = None
 
@@ -75,6 +76,7 @@ class Files(NamedTuple):
     test_examples = property(lambda self: self.found.test_examples)
     class_names = property(lambda self: self.found.class_names)
     sample_labels = property(lambda self: np.zeros(len(self.sample), np.int32))  # (class labels)
+    labels = "classes"
 
 
 def test_steps(data, batch_size: int) -> int | None:
@@ -117,8 +119,9 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     data = load_data(cfg, strategy, run)
     with strategy.scope():
         model, optimizer, probabilities, line = build(cfg, data, policy)
+    cfg.metrics, picked = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)
     if t.verbose and chief:
-        print(line, flush=True)
+        print("\n".join(filter(None, [picked, line])), flush=True)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
     out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
@@ -152,14 +155,15 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
     t = cfg.trainer
     if not isinstance(strategy, tf.distribute.ParameterServerStrategy):  # (there: a batch per worker's step)
         check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
-    if cfg.data.source in data_lib.FILE_SOURCES:
+    if cfg.data.source in schema.FILE_SOURCES:
         content = run.read_data() if run else None
         found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
         examples = found.train_examples
     else:
-        (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, class_labels(cfg.loss))
+        (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, schema.labels_read(cfg.loss))
+        labels = schema.labels_read(cfg.loss) or data_lib.labels_of(y_train)
         check_labels(cfg.loss, y_train)
-        classes = data_lib.num_classes(cfg.data, (y_train, y_test), class_labels(cfg.loss))
+        classes = data_lib.num_classes(cfg.data, (y_train, y_test), labels == "classes")
         x_val = y_val = None
         if cfg.data.get("validation_split"):  # the last examples, as fit(validation_split) holds them out
             cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
@@ -169,9 +173,9 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
     if steps == 0:
         raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {examples} training "
                           f"examples: set trainer.batch_size={examples} or less, or trainer.steps_per_epoch")
-    if cfg.data.source in data_lib.FILE_SOURCES:
+    if cfg.data.source in schema.FILE_SOURCES:
         return Files(found, steps, FileReader(found, cfg).sample())
-    return Arrays(x_train, y_train, x_test, y_test, classes, steps, x_val, y_val)
+    return Arrays(x_train, y_train, x_test, y_test, classes, steps, labels, x_val, y_val)
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
@@ -180,7 +184,7 @@ def build(cfg, data: Arrays, policy: str) -> tuple:
     where the training step is made: make_runner.)"""
     model = build_model(cfg.model, data.shape, data.classes)
     # (The forward pass builds a subclassed model's variables.)
-    probabilities = check_model(model, data.sample, data.classes, class_labels(cfg.loss))
+    probabilities = check_model(model, data.sample, data.classes, data.labels == "classes")
     optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
     return model, optimizer, probabilities, line
@@ -199,7 +203,7 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     t = cfg.trainer
     loss = make_loss(cfg.loss, probabilities)
     outputs = model(data.sample, training=False)
-    if t.verbose and context.chief and not class_labels(cfg.loss) and outputs.dtype.size < 4:
+    if t.verbose and context.chief and data.labels != "classes" and outputs.dtype.size < 4:
         print(f"warning: model {model.name} outputs {outputs.dtype.name} "
               f"({keras.mixed_precision.global_policy().name}), and Keras's evaluate rounds float labels to the "
               "outputs' type: give its last layer dtype='float32' (as Keras's mixed-precision guide says), or set "
@@ -265,11 +269,18 @@ def make_callbacks(cfg, model, steps: int, announce: bool) -> dict:
                                   "a tf_keras.callbacks class (import tf_keras, not keras 3)")
         callback.set_model(model)
         callback.set_params({"epochs": cfg.trainer.epochs, "steps": steps, "verbose": cfg.trainer.verbose})
-        if announce and callback._implements_train_batch_hooks():
+        if announce and _batch_hooks(callback):
             print(f"warning: callbacks.{name} ({type(callback).__name__}) has per-batch hooks, which distrain does not "
                   "call: it runs at epoch ends only", flush=True)
         callbacks[str(name)] = callback
     return callbacks
+
+
+def _batch_hooks(callback) -> bool:
+    """Whether a callback overrides Keras's per-batch training hooks (the loop calls epoch hooks only)."""
+    base = keras.callbacks.Callback
+    return any(getattr(type(callback), hook) is not getattr(base, hook)
+               for hook in ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"))
 
 
 def evaluate(model, dataset, steps) -> dict:
