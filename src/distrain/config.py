@@ -1,5 +1,5 @@
 """Checks on the composed config that need no TensorFlow, so bad input fails in a second: each key
-against its schema (schema.py), then the checks that relate several keys."""
+against its schema (schema/), then the checks that relate several keys."""
 import importlib.machinery
 import importlib.util
 import os
