@@ -37,19 +37,6 @@ def configured_replicas(strategy: DictConfig, cluster: DictConfig):
 def validate(cfg: DictConfig) -> DictConfig:
     """The checked config (resolved, values of their schema's types), or a one-line ConfigError."""
     cfg = _renamed(checking.check(cfg))
-    t, c = cfg.trainer, cfg.cluster
-    # A source that does not hold the named dataset would train on one thing and report another.
-    if cfg.data.source == "bundled" and cfg.data.name != "mnist":
-        raise ConfigError(f"data.source=bundled holds MNIST digits, not {cfg.data.name}: "
-                          f"set data=mnist, or another data.source for data={cfg.data.name}")
-    if cfg.data.source != "loader" and (cfg.data.source == "synthetic") != (cfg.data.name == "synthetic"):
-        raise ConfigError(f"data.source={cfg.data.source} does not fit data={cfg.data.name}: "
-                          "set data=synthetic for synthetic data, else drop the data.source override")
-    if cfg.data.source == "idx" and not cfg.data.path:
-        raise ConfigError("data.source=idx needs data.path: set data.path=/dir/with/idx-files")
-    if cfg.data.source == "npz" and not cfg.data.path:
-        raise ConfigError("data=npz needs data.path: set data.path=mydata.npz (arrays x_train, y_train, x_test, "
-                          "y_test)")
     for group in ("model", "data", "optimizer", "schedule", "loss"):
         if cfg[group].get("_target_"):
             check_importable(f"{group}._target_", cfg[group]._target_)
@@ -57,15 +44,45 @@ def validate(cfg: DictConfig) -> DictConfig:
         for name, entry in (cfg.get(group) or {}).items():
             if entry != "auto":
                 check_importable(f"{group}.{name}._target_", entry._target_)
+    check_data(cfg)
     check_monitors(cfg)
     check_metrics_fit_loss(cfg)
-    split = cfg.data.get("validation_split")
-    if split and cfg.data.source == "tfrecord":
+    check_trainer(cfg)
+    check_devices(cfg.strategy, cfg.trainer.jit_compile)
+    if cfg.cluster.name == "local":
+        check_local_cluster(cfg)
+    check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
+    check_devices_present(cfg.strategy)
+    return cfg
+
+
+def check_data(cfg) -> None:
+    """The data source holds the named dataset, has what it needs, and holds out what validation reads."""
+    data = cfg.data
+    # A source that does not hold the named dataset would train on one thing and report another.
+    if data.source == "bundled" and data.name != "mnist":
+        raise ConfigError(f"data.source=bundled holds MNIST digits, not {data.name}: "
+                          f"set data=mnist, or another data.source for data={data.name}")
+    if data.source != "loader" and (data.source == "synthetic") != (data.name == "synthetic"):
+        raise ConfigError(f"data.source={data.source} does not fit data={data.name}: "
+                          "set data=synthetic for synthetic data, else drop the data.source override")
+    if data.source == "idx" and not data.path:
+        raise ConfigError("data.source=idx needs data.path: set data.path=/dir/with/idx-files")
+    if data.source == "npz" and not data.path:
+        raise ConfigError("data=npz needs data.path: set data.path=mydata.npz (arrays x_train, y_train, x_test, "
+                          "y_test)")
+    split = data.get("validation_split")
+    if split and data.source == "tfrecord":
         raise ConfigError(f"data.validation_split={split} holds out arrays or image folders, not TFRecord records: "
                           "write a validation set as data.test_files, or drop data.validation_split")
-    if split and cfg.data.source != "images" and not t.validate_every:
+    if split and data.source != "images" and not cfg.trainer.validate_every:
         raise ConfigError(f"data.validation_split={split} holds out validation data, which only validation reads: "
                           "set trainer.validate_every=1 (or every N epochs), or drop data.validation_split")
+
+
+def check_trainer(cfg) -> None:
+    """The schedule's warm-up, a model to go on training and the checkpoints' directory."""
+    t = cfg.trainer
     if cfg.schedule.warmup_steps and cfg.schedule.warmup_epochs:
         raise ConfigError(f"schedule.warmup_steps={cfg.schedule.warmup_steps} and schedule.warmup_epochs="
                           f"{cfg.schedule.warmup_epochs} are both set: set one of them, the other 0")
@@ -79,15 +96,19 @@ def validate(cfg: DictConfig) -> DictConfig:
             raise ConfigError(f"trainer.checkpoint_dir={t.checkpoint_dir} " + ("is a file" if blocker == directory
                               else f"lies under {blocker}, a file") + ": set trainer.checkpoint_dir to a "
                               "directory, or null for <run dir>/checkpoints")
-    if t.jit_compile and cfg.strategy.name == PS:
+
+
+def check_devices(strategy: DictConfig, jit_compile: bool) -> None:
+    """strategy.devices names each device once, and XLA only where it can compile the step."""
+    if jit_compile and strategy.name == PS:
         raise ConfigError("trainer.jit_compile=true cannot work under strategy=parameter_server: XLA cannot compile a "
                           "step whose variables live on ps tasks (TensorFlow's known XLA issue): set "
                           "trainer.jit_compile=false, or use strategy=multi_worker_mirrored")
-    devices = cfg.strategy.get("devices")
-    cpus = [d for d in devices or [] if "cpu" in d.lower()] or range(cfg.strategy.get("cpu_virtual_devices", 0))
-    if t.jit_compile and len(cpus) > 1:
+    devices = strategy.get("devices")
+    cpus = [d for d in devices or [] if "cpu" in d.lower()] or range(strategy.get("cpu_virtual_devices", 0))
+    if jit_compile and len(cpus) > 1:
         raise ConfigError(f"trainer.jit_compile=true cannot work on several CPU devices under strategy="
-                          f"{cfg.strategy.name}: TensorFlow's XLA runs every CPU replica on one device (plain Keras "
+                          f"{strategy.name}: TensorFlow's XLA runs every CPU replica on one device (plain Keras "
                           "fails the same way): set trainer.jit_compile=false (XLA is for GPUs)")
     if devices is not None and len(devices) == 0:
         raise ConfigError("strategy.devices=[] names no device: set e.g. 'strategy.devices=[/cpu:0,/cpu:1]', "
@@ -96,20 +117,21 @@ def validate(cfg: DictConfig) -> DictConfig:
         twice = next(d for d in devices if devices.count(d) > 1)
         raise ConfigError(f"strategy.devices=[{','.join(devices)}] names {twice} twice: set e.g. "
                           "'strategy.devices=[/cpu:0,/cpu:1]', each device once")
-    if c.name == "local":
-        if c.evaluator and not t.save_model:
-            raise ConfigError("cluster.evaluator=true evaluates the checkpoints that trainer.save_model=true "
-                              "writes: set trainer.save_model=true")
-        if cfg.strategy.name == PS and c.ps < 1:
-            raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
-        tasks = c.workers + (c.ps if cfg.strategy.name == PS else 0)
-        if tasks > schema.MAX_PER_CORE * schema.CORES:
-            raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps} is {tasks} tasks, more than "
-                              f"{schema.MAX_PER_CORE} per core on this machine's {schema.CORES} cores: "
-                              f"set fewer, e.g. cluster.workers={schema.CORES}")
-    check_batch_divides(t.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
-    check_devices_present(cfg.strategy)
-    return cfg
+
+
+def check_local_cluster(cfg) -> None:
+    """A local cluster has its ps task, an evaluator has checkpoints, and the tasks fit the cores."""
+    c = cfg.cluster
+    if c.evaluator and not cfg.trainer.save_model:
+        raise ConfigError("cluster.evaluator=true evaluates the checkpoints that trainer.save_model=true "
+                          "writes: set trainer.save_model=true")
+    if cfg.strategy.name == PS and c.ps < 1:
+        raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
+    tasks = c.workers + (c.ps if cfg.strategy.name == PS else 0)
+    if tasks > schema.MAX_PER_CORE * schema.CORES:
+        raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps} is {tasks} tasks, more than "
+                          f"{schema.MAX_PER_CORE} per core on this machine's {schema.CORES} cores: "
+                          f"set fewer, e.g. cluster.workers={schema.CORES}")
 
 
 # /cpu:0, /GPU:1, /device:GPU:1, /job:localhost/replica:0/task:0/device:CPU:0: the names TensorFlow reads.

@@ -5,7 +5,6 @@ from pathlib import Path
 import tensorflow as tf
 
 from .checkpoints import read_position
-from .metrics import pick_accuracy
 from .model import compile_model
 from .rundir import RunDir
 from .training import build, load_data, reader, set_precision, test_steps
@@ -17,7 +16,6 @@ def evaluate_checkpoints(cfg, run: RunDir) -> dict:
     t = cfg.trainer
     data = load_data(cfg, tf.distribute.get_strategy(), run)
     model, optimizer, probabilities, _ = build(cfg, data, set_precision(t))
-    cfg.metrics = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)[0]
     compile_model(model, optimizer, cfg, probabilities)
     test_ds = reader(cfg, data, training=False)()
     directory = run.checkpoints

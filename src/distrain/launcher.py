@@ -119,24 +119,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         run.write_status("running", None, job=job)
     config = None  # the config.yaml written, as plain values
     try:
-        cfg = validate(cfg)
-        if job:
-            check_objective(cfg)
-        if cfg.trainer.resume:
-            auto = cfg.trainer.resume == "auto"
-            cfg = validate(resumed(cfg, run_dir, list(overrides)))
-            if cfg.trainer.resume:
-                log.info("resuming the run in %s", run_dir)
-            elif auto:
-                log.info("trainer.resume=auto: no checkpoint in %s yet, so the run starts from the beginning",
-                         RunDir(run_dir, cfg).checkpoints)
-        if cfg.trainer.tensorboard == "auto":  # a sweep's dashboard; a single run's only if asked for
-            cfg = OmegaConf.merge(cfg, {"trainer": {"tensorboard": job is not None}})
-        source, why = data.resolve_source(cfg.data)
-        cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
-        on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
-        found = data.check_files(cfg.data, cfg.trainer.seed, schema.labels_read(cfg.loss)) if on_this_machine else None  # (a ps task
-        # elsewhere needs no data; a task elsewhere scans its files itself)
+        cfg, found, why = _settled(cfg, run_dir, job, overrides)
         if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
         run = RunDir(run_dir, cfg)
@@ -145,7 +128,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     except ConfigError as exc:
         print_error(str(exc))
         return _finish(Outcome(2, "failed", error_line(exc)), run, config, job)
-    log.info("data: %s from source %s (%s)", schema.label(cfg.data), source, found.how if found else why)
+    log.info("data: %s from source %s (%s)", schema.label(cfg.data), cfg.data.source, found.how if found else why)
     (logging.getLogger("distrain.config") if job else log).info(
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(run.config)]
@@ -162,6 +145,30 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
                                               peer_timeout=coordinator_timeout(cfg, task.type))], run,
                                  startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run, config,
                        job, overrides)
+
+
+def _settled(cfg, run_dir: Path, job: Job | None, overrides) -> tuple:
+    """(The config checked, a resume's taken from its run, with its data source settled; the data files
+    found where they are on this machine, else None; why this source)."""
+    cfg = validate(cfg)
+    if job:
+        check_objective(cfg)
+    if cfg.trainer.resume:
+        auto = cfg.trainer.resume == "auto"
+        cfg = validate(resumed(cfg, run_dir, list(overrides)))
+        if cfg.trainer.resume:
+            log.info("resuming the run in %s", run_dir)
+        elif auto:
+            log.info("trainer.resume=auto: no checkpoint in %s yet, so the run starts from the beginning",
+                     RunDir(run_dir, cfg).checkpoints)
+    if cfg.trainer.tensorboard == "auto":  # a sweep's dashboard; a single run's only if asked for
+        cfg = OmegaConf.merge(cfg, {"trainer": {"tensorboard": job is not None}})
+    source, why = data.resolve_source(cfg.data)
+    cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
+    # (a ps task elsewhere needs no data; a task elsewhere scans its files itself)
+    on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
+    found = data.check_files(cfg.data, cfg.trainer.seed, schema.labels_read(cfg.loss)) if on_this_machine else None
+    return cfg, found, why
 
 
 @contextlib.contextmanager

@@ -164,35 +164,10 @@ class FileReader:
         """A batch of examples: pixels scaled to [0, 1], in the shape data.json holds (resized if
         data.image_size), and their labels. A record or image that does not fit is an error naming it
         (bad_data says it in one line)."""
-        data, found = self.cfg.data, self.found
-        height, width, channels = found.shape
+        raws, labels, where, checks = self._read(batch)
+        data, (height, width, channels) = self.cfg.data, self.found.shape
         whole = batch[0].shape[0]  # the batch's size, where it is known (training's whole batches)
-        if found.kind == "images":
-            paths, labels = batch
-            raws = tf.map_fn(tf.io.read_file, paths) if whole is None else \
-                tf.stack([tf.io.read_file(path) for path in tf.unstack(paths, whole)])
-            where = lambda i: tf.strings.format("image {}", paths[i])  # noqa: E731
-            checks = []
-        else:
-            paths, indexes, serialized = batch
-            parsed = tf.io.parse_example(serialized, {
-                data.image_key: tf.io.FixedLenFeature([], tf.string, default_value=""),
-                data.label_key: tf.io.FixedLenFeature([], tf.int64, default_value=-1)})
-            raws, labels = parsed[data.image_key], tf.cast(parsed[data.label_key], tf.int32)
-            where = lambda i: tf.strings.format("record {} of {}", (indexes[i], paths[i]))  # noqa: E731
-            checks = [_check(tf.strings.length(raws) > 0, where, f"has no {data.image_key} (data.image_key)"),
-                      _check(labels >= 0, where, f"has no {data.label_key} (data.label_key), or a negative label")]
-        checks.append(_check(labels < found.num_classes, where, lambda i: tf.strings.format(
-            "has label {}, outside [0, {})", (labels[i], found.num_classes)), "set data.num_classes higher, or fix it"))
-        if found.encoded:
-            checks.append(_check(tf.reduce_any([tf.strings.substr(raws, 0, len(m)) == m for m in MAGIC], axis=0), where,
-                                 "is not a PNG, JPEG, GIF or BMP image", "replace it, or remove it"))
-        else:
-            size = height * width * channels
-            checks.append(_check(tf.strings.length(raws) == size, where, lambda i: tf.strings.format(
-                "holds {} raw bytes, not {}", (tf.strings.length(raws[i]), size)), "fix data.image_size and data.channels"))
-
-        if not found.encoded:  # raw pixels, data.image_size x data.channels: the batch at once
+        if not self.found.encoded:  # raw pixels, data.image_size x data.channels: the batch at once
             with tf.control_dependencies(checks):
                 images = tf.reshape(tf.io.decode_raw(raws, tf.uint8), [-1, height, width, channels])
             return tf.cast(images, tf.float32) / 255.0, tf.identity(labels)
@@ -221,6 +196,38 @@ class FileReader:
                 images = tf.map_fn(lambda i: stack([decode(raws[i])], i)[0], tf.range(tf.shape(labels, tf.int64)[0]),
                                    fn_output_signature=tf.TensorSpec([height, width, channels], tf.float32))
         return images / 255.0, tf.identity(labels)
+
+    def _read(self, batch):
+        """(A batch's raw images and labels, where each came from (for an error line), and the checks of
+        its records: a feature missing, a label out of range, not an image, raw pixels of another size)."""
+        data, found = self.cfg.data, self.found
+        height, width, channels = found.shape
+        whole = batch[0].shape[0]
+        if found.kind == "images":
+            paths, labels = batch
+            raws = tf.map_fn(tf.io.read_file, paths) if whole is None else \
+                tf.stack([tf.io.read_file(path) for path in tf.unstack(paths, whole)])
+            where = lambda i: tf.strings.format("image {}", paths[i])  # noqa: E731
+            checks = []
+        else:
+            paths, indexes, serialized = batch
+            parsed = tf.io.parse_example(serialized, {
+                data.image_key: tf.io.FixedLenFeature([], tf.string, default_value=""),
+                data.label_key: tf.io.FixedLenFeature([], tf.int64, default_value=-1)})
+            raws, labels = parsed[data.image_key], tf.cast(parsed[data.label_key], tf.int32)
+            where = lambda i: tf.strings.format("record {} of {}", (indexes[i], paths[i]))  # noqa: E731
+            checks = [_check(tf.strings.length(raws) > 0, where, f"has no {data.image_key} (data.image_key)"),
+                      _check(labels >= 0, where, f"has no {data.label_key} (data.label_key), or a negative label")]
+        checks.append(_check(labels < found.num_classes, where, lambda i: tf.strings.format(
+            "has label {}, outside [0, {})", (labels[i], found.num_classes)), "set data.num_classes higher, or fix it"))
+        if found.encoded:
+            checks.append(_check(tf.reduce_any([tf.strings.substr(raws, 0, len(m)) == m for m in MAGIC], axis=0), where,
+                                 "is not a PNG, JPEG, GIF or BMP image", "replace it, or remove it"))
+        else:
+            size = height * width * channels
+            checks.append(_check(tf.strings.length(raws) == size, where, lambda i: tf.strings.format(
+                "holds {} raw bytes, not {}", (tf.strings.length(raws[i]), size)), "fix data.image_size and data.channels"))
+        return raws, labels, where, checks
 
     def _finish(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         options = tf.data.Options()

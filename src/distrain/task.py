@@ -65,24 +65,10 @@ def main(argv=None) -> int:
         print_error(str(exc))
         return 2
     except PeerLost as exc:
-        watched = os.environ.get(RESTARTS_CLUSTER)  # a local cluster's launcher sees a task that died
-        if watched == "1":
-            print(f"{exc}: the launcher restarts the cluster from its latest checkpoint", flush=True)
-        elif watched == "0" and not exc.hung:  # its line names the task and why: one line for one event
-            print(f"{exc}: the launcher ends the run", flush=True)
-        else:
-            kept = ("its latest checkpoint is kept" if cfg.trainer.save_model else
-                    "nothing saved (trainer.save_model=false)")
-            print_error(f"{exc}; {kept}: go on with trainer.resume=true")
+        say_peer_lost(exc, cfg)
         os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except Preempted as exc:
-        saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
-        bar = "\n" if cfg.trainer.verbose == 1 and exc.mid_epoch else ""  # the progress bar's line ends first
-        # The launcher records why it stops its tasks before it sends them SIGTERM (Ctrl-C: SIGINT, to it).
-        why = "interrupted (Ctrl-C)" if "SIGINT" in context.run.read_status().get("error", "") else \
-            "stopped by SIGTERM"
-        print(f"{bar}{why} at global step {exc}: {saved}; go on with trainer.resume=true "
-              f"hydra.run.dir={context.run.path}", flush=True)
+        say_preempted(exc, cfg, context.run)
         return 128 + signal.SIGTERM
     if context.chief:
         print(report.summary_line(results), flush=True)
@@ -90,6 +76,27 @@ def main(argv=None) -> int:
         sys.stderr.flush()
         os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (runners.KEPT)
     return 0
+
+
+def say_peer_lost(exc: PeerLost, cfg) -> None:
+    """The line of a lost peer: where a local cluster's launcher sees it too, what the launcher does."""
+    watched = os.environ.get(RESTARTS_CLUSTER)  # a local cluster's launcher sees a task that died
+    if watched == "1":
+        print(f"{exc}: the launcher restarts the cluster from its latest checkpoint", flush=True)
+    elif watched == "0" and not exc.hung:  # its line names the task and why: one line for one event
+        print(f"{exc}: the launcher ends the run", flush=True)
+    else:
+        kept = "its latest checkpoint is kept" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
+        print_error(f"{exc}; {kept}: go on with trainer.resume=true")
+
+
+def say_preempted(exc: Preempted, cfg, run: RunDir) -> None:
+    saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
+    bar = "\n" if cfg.trainer.verbose == 1 and exc.mid_epoch else ""  # the progress bar's line ends first
+    # The launcher records why it stops its tasks before it sends them SIGTERM (Ctrl-C: SIGINT, to it).
+    why = "interrupted (Ctrl-C)" if "SIGINT" in run.read_status().get("error", "") else "stopped by SIGTERM"
+    print(f"{bar}{why} at global step {exc}: {saved}; go on with trainer.resume=true hydra.run.dir={run.path}",
+          flush=True)
 
 
 def lost_peer(exc: Exception, cfg) -> PeerLost | None:

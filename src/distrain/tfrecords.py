@@ -9,7 +9,6 @@ Each record is a tf.train.Example: image/encoded (PNG; with encoding=raw the uin
 larger files but no decoding: the fastest to stream), image/class/label (int64), image/height,
 image/width, image/channels; uint8 images as they are, float images in [0, 1] scaled to 0-255.
 """
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -99,16 +99,12 @@ def reader(cfg, data, training: bool = True, validation: bool = False, **kwargs)
 
 
 def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
-    """Train as the config says; returns (results dict, model). The chief saves into run_dir.
+    """Train as the config says; returns (results dict, model). The chief saves into run_dir. context:
+    this task's place in the run, as task.main builds it; None: this process alone.
 
-    context: this task's place in the run, as task.main builds it; None: this process alone.
-
-    One loop for every strategy. An epoch is a series of calls to `train_steps`, a tf.function of a
-    few training steps: synchronous strategies call it in every worker process alike (gradients are
-    all-reduced inside the step); under parameter servers this process is the coordinator and
-    schedules the calls on whichever worker is free (asynchronous SGD). The runner (make_runner) is
-    what differs.
-    """
+    One loop for every strategy: an epoch is a series of calls to a tf.function of a few training steps,
+    which synchronous strategies call in every worker alike (gradients all-reduced inside the step), and
+    a parameter-server coordinator schedules on whichever worker is free. The runner is what differs."""
     if strategy is None:
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy)
@@ -119,9 +115,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     data = load_data(cfg, strategy, run)
     with strategy.scope():
         model, optimizer, probabilities, line = build(cfg, data, policy)
-    cfg.metrics, picked = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)
     if t.verbose and chief:
-        print("\n".join(filter(None, [picked, line])), flush=True)
+        print(line, flush=True)
     # Every worker of a synchronous cluster must save (saving reads replicated variables together),
     # but only the chief's copy is kept.
     out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
@@ -131,12 +126,12 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, progress)
     KEPT.append(runner)  # (never deleted: runners.KEPT)
     callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
-    if t.validate_every or callbacks:  # evaluate() during training, and callbacks' model.optimizer
+    if t.validate_every or cfg.get("callbacks"):  # evaluate() during training, and callbacks' model.optimizer
         compile_model(model, optimizer, cfg, probabilities)
     rebuild = lambda: build(cfg, data, policy)[:2]  # noqa: E731 - a local model and optimizer (parameter servers)
     validate = make_validate(cfg, data, model, runner, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
-               validate, callbacks, model)
+               validate, callbacks)
     model, optimizer = runner.finish(model, rebuild)
     compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test = evaluate(model, reader(cfg, data, training=False)(), test_steps(data, t.batch_size))
@@ -179,15 +174,17 @@ def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
-    """(model, optimizer, whether the model outputs probabilities, a line saying the optimizer and its
-    learning rate), built in the current strategy's scope. (The loss is checked against the outputs
-    where the training step is made: make_runner.)"""
+    """(model, optimizer, whether the model outputs probabilities, lines saying the metrics picked, the
+    optimizer and its learning rate), built in the current strategy's scope. The metrics' `auto`
+    accuracy is settled in cfg.metrics here, where the labels and the outputs are known. (The loss is
+    checked against the outputs where the training step is made: make_runner.)"""
     model = build_model(cfg.model, data.shape, data.classes)
     # (The forward pass builds a subclassed model's variables.)
     probabilities = check_model(model, data.sample, data.classes, data.labels == "classes")
+    cfg.metrics, picked = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)
     optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
-    return model, optimizer, probabilities, line
+    return model, optimizer, probabilities, "\n".join(filter(None, [picked, line]))
 
 
 def about(model, probabilities: bool, policy: str) -> dict:
@@ -259,21 +256,54 @@ def save_model(model, path: Path, class_names=None, include_optimizer: bool = Tr
               flush=True)
 
 
-def make_callbacks(cfg, model, steps: int, announce: bool) -> dict:
-    """{name: a Keras callback} of the config's callbacks node, set to the model; per-batch hooks, which
-    the training loop does not call, are said in one line each."""
-    callbacks = {}
+def make_callbacks(cfg, model, steps: int, announce: bool) -> keras.callbacks.CallbackList:
+    """The config's callbacks node as Keras's CallbackList, set to the model, each callback Watched;
+    per-batch hooks, which the training loop does not call, are said in one line each."""
+    watched = []
     for name, entry in (cfg.get("callbacks") or {}).items():
         callback = instantiate_as(f"callbacks.{name}._target_", entry, keras.callbacks.Callback, "it must name a "
                                   "tf_keras callback class taking the entry's other keys", "a tf_keras callback: name "
                                   "a tf_keras.callbacks class (import tf_keras, not keras 3)")
-        callback.set_model(model)
-        callback.set_params({"epochs": cfg.trainer.epochs, "steps": steps, "verbose": cfg.trainer.verbose})
         if announce and _batch_hooks(callback):
             print(f"warning: callbacks.{name} ({type(callback).__name__}) has per-batch hooks, which distrain does not "
                   "call: it runs at epoch ends only", flush=True)
-        callbacks[str(name)] = callback
-    return callbacks
+        watched.append(Watched(str(name), callback))
+    return keras.callbacks.CallbackList(watched, model=model, epochs=cfg.trainer.epochs, steps=steps,
+                                        verbose=cfg.trainer.verbose)
+
+
+class Watched(keras.callbacks.Callback):
+    """A callback of the config as the epoch loop calls it: at the epochs whose logs hold what it
+    monitors (one watching validation acts at the epochs that validate); `stopped` says why, where it
+    set model.stop_training."""
+
+    def __init__(self, name: str, callback):
+        super().__init__()
+        self.name, self.callback, self.stopped = name, callback, ""
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def on_train_begin(self, logs=None):
+        self.callback.on_train_begin(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        monitor = str(getattr(self.callback, "monitor", ""))
+        if monitor.startswith("val_") and monitor not in logs:
+            return
+        going = not self.model.stop_training
+        self.callback.on_epoch_end(epoch, dict(logs))
+        if going and self.model.stop_training:
+            self.stopped = f"callbacks.{self.name} ({type(self.callback).__name__}) stopped training after " \
+                f"epoch {epoch + 1}"
+
+    def on_train_end(self, logs=None):
+        self.callback.on_train_end(logs)
 
 
 def _batch_hooks(callback) -> bool:
@@ -316,42 +346,23 @@ def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
 
 
 def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path | None, validate=None,
-               callbacks: dict | None = None, model=None) -> None:
+               callbacks: keras.callbacks.CallbackList | None = None) -> None:
     """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
     every epoch end and every t.checkpoint_every_steps global steps; TensorBoard logs in log_dir
     (train/, and validation/ for validate()'s). validate(): every t.validate_every epochs and after the
-    last. callbacks: called at each epoch's end with its logs (every worker of a synchronous cluster
-    has the same), before its checkpoint; one that sets model.stop_training ends the training there."""
-    history, callbacks = progress.history, callbacks or {}
-    writer = tf.summary.create_file_writer(str(log_dir / "train")) if log_dir else None
-    val_writer = tf.summary.create_file_writer(str(log_dir / "validation")) if log_dir and validate else None
-    if callbacks:
-        model.stop_training = False
-        for callback in callbacks.values():
-            callback.on_train_begin()
-
-    def diverged(epoch: int, step: int):  # before any checkpoint of the diverged weights
-        raise Diverged(f"the training loss became NaN or infinite in epoch {epoch + 1}, step {step} (global step "
-                       f"{epoch * steps + step}): lower trainer.learning_rate (now {t.learning_rate}), or with "
-                       "trainer.mixed_precision use float32; the checkpoints written before it are kept")
-
+    last. callbacks (make_callbacks): called at each epoch's end with its logs (every worker of a
+    synchronous cluster has the same), before its checkpoint; one that sets model.stop_training ends
+    the training there."""
+    history, callbacks = progress.history, callbacks or keras.callbacks.CallbackList([])
+    board = Scalars(log_dir, validate is not None) if log_dir else None
+    if callbacks.model is not None:
+        callbacks.model.stop_training = False
+    callbacks.on_train_begin()
     for epoch in range(progress.epoch, t.epochs):
         if runner.progress:
             print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
-        start = time.perf_counter()
-        runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
-        for calls in segments(progress.step, steps, runner.per_call, t.checkpoint_every_steps, epoch * steps):
-            progress.step += runner.run(calls, on_nan=(lambda step, e=epoch: diverged(e, step)) if t.stop_on_nan
-                                        else None, stop=Preemption.due)
-            if saves and progress.step < steps:  # a checkpoint within the epoch (due, or preempted)
-                progress.totals = runner.totals()
-                progress.seconds += time.perf_counter() - start
-                start = time.perf_counter()
-                saves.save(progress, epoch * steps + progress.step)
-            if Preemption.requested and progress.step < steps:
-                raise Preempted(epoch * steps + progress.step, mid_epoch=True)
+        train_epoch(runner, progress, t, steps, epoch, saves)
         totals = runner.end()
-        progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
         logs = dict(runner.tally.values(totals))
         if validate and ((epoch + 1) % t.validate_every == 0 or epoch + 1 == t.epochs):
             logs |= {f"val_{name}": value for name, value in validate().items()}
@@ -363,35 +374,67 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             values = " - ".join(f"{name}: {value:.4f}" for name, value in logs.items())
             print(f"Epoch {epoch + 1}/{t.epochs} - {runner.epoch_line(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
                   f"{values}", flush=True)
-        for name, callback in callbacks.items():  # (before the checkpoint: a learning rate it changes is kept)
-            monitor = str(getattr(callback, "monitor", ""))
-            if monitor.startswith("val_") and monitor not in logs:
-                continue  # one watching validation acts at the epochs that validate
-            callback.on_epoch_end(epoch, dict(logs))
-            if model.stop_training and not progress.stopped_early:
-                progress.stopped_early = f"callbacks.{name} ({type(callback).__name__}) stopped training after " \
-                    f"epoch {epoch + 1}"
+        callbacks.on_epoch_end(epoch, logs)  # (before the checkpoint: a learning rate it changes is kept)
+        progress.stopped_early = progress.stopped_early or next((c.stopped for c in callbacks if c.stopped), "")
         if saves:
             saves.save(progress, (epoch + 1) * steps)
         if Preemption.requested and epoch + 1 < t.epochs:
             raise Preempted((epoch + 1) * steps)
-        if writer:  # TensorBoard's scalars, as Keras names its epoch logs
-            scalars = {f"epoch_{name}": value for name, value in logs.items() if not name.startswith("val_")}
-            scalars["epoch_examples_per_sec"] = steps * t.batch_size / progress.epoch_seconds[-1]
-            with writer.as_default(step=epoch):
-                for name, value in (scalars | runner.scalars()).items():
-                    tf.summary.scalar(name, value)
-        if val_writer and any(name.startswith("val_") for name in logs):
-            with val_writer.as_default(step=epoch):
-                for name, value in logs.items():
-                    if name.startswith("val_"):
-                        tf.summary.scalar(f"epoch_{name[4:]}", value)
+        if board:
+            board.write(epoch, logs, {"epoch_examples_per_sec": steps * t.batch_size / progress.epoch_seconds[-1]}
+                        | runner.scalars())
         if progress.stopped_early:
             if t.verbose:
                 print(progress.stopped_early, flush=True)
             break
-    for callback in callbacks.values():
-        callback.on_train_end()
-    for w in (writer, val_writer):
-        if w:
-            w.close()
+    callbacks.on_train_end()
+    if board:
+        board.close()
+
+
+def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves) -> None:
+    """The steps of one epoch from progress.step on, checkpointing within it where due (or preempted)."""
+    def diverged(step: int):  # before any checkpoint of the diverged weights
+        raise Diverged(f"the training loss became NaN or infinite in epoch {epoch + 1}, step {step} (global step "
+                       f"{epoch * steps + step}): lower trainer.learning_rate (now {t.learning_rate}), or with "
+                       "trainer.mixed_precision use float32; the checkpoints written before it are kept")
+
+    start = time.perf_counter()
+    runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
+    for calls in segments(progress.step, steps, runner.per_call, t.checkpoint_every_steps, epoch * steps):
+        progress.step += runner.run(calls, on_nan=diverged if t.stop_on_nan else None, stop=Preemption.due)
+        if saves and progress.step < steps:  # a checkpoint within the epoch (due, or preempted)
+            progress.totals = runner.totals()
+            progress.seconds += time.perf_counter() - start
+            start = time.perf_counter()
+            saves.save(progress, epoch * steps + progress.step)
+        if Preemption.requested and progress.step < steps:
+            raise Preempted(epoch * steps + progress.step, mid_epoch=True)
+    progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
+
+
+class Scalars:
+    """TensorBoard's per-epoch scalars, named as Keras's TensorBoard callback names them: train/ (and
+    validation/ where the run validates)."""
+
+    def __init__(self, log_dir: Path, validates: bool):
+        self.train = tf.summary.create_file_writer(str(log_dir / "train"))
+        self.validation = tf.summary.create_file_writer(str(log_dir / "validation")) if validates else None
+
+    def write(self, epoch: int, logs: dict, more: dict) -> None:
+        with self.train.as_default(step=epoch):
+            for name, value in logs.items():
+                if not name.startswith("val_"):
+                    tf.summary.scalar(f"epoch_{name}", value)
+            for name, value in more.items():
+                tf.summary.scalar(name, value)
+        if self.validation and any(name.startswith("val_") for name in logs):
+            with self.validation.as_default(step=epoch):
+                for name, value in logs.items():
+                    if name.startswith("val_"):
+                        tf.summary.scalar(f"epoch_{name[4:]}", value)
+
+    def close(self) -> None:
+        for writer in (self.train, self.validation):
+            if writer:
+                writer.close()
