@@ -1,4 +1,5 @@
-"""Cluster specs from every source, their one-line errors, and the private network (no TensorFlow)."""
+"""Cluster specs from every source, their one-line errors, the run's topology, and the private network (no
+TensorFlow)."""
 import json
 import re
 import time
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from distrain import cluster
+from distrain.context import Topology
 from distrain.config import validate
 from distrain.errors import ConfigError
 from helpers import make_cfg
@@ -256,3 +258,26 @@ def test_tensorflow_errors_of_a_cluster_are_one_line_for_the_launcher():
         "a task of the cluster was lost mid-training (Socket closed)"
     assert lost_peer(tf.errors.InternalError(None, None, "a bug of this task's own"), cfg) is None  # control
     assert lost_peer(ValueError("not TensorFlow's"), cfg) is None
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([], Topology()),
+    (["strategy=mirrored"], Topology()),
+    (["strategy=multi_worker_mirrored", "cluster.workers=4"], Topology(False, True, True, 4, 0)),
+    (["strategy=parameter_server", "cluster.workers=2", "cluster.ps=2"], Topology(True, True, True, 2, 2)),
+    (["strategy=multi_worker_mirrored", "cluster=tf_config"], Topology(False, True, False, None, 0)),
+])
+def test_the_topology_is_decided_once_from_the_config(overrides, expected):
+    topology = Topology.of(validate(make_cfg(*overrides)))
+    assert topology == expected
+    assert topology.synchronous != topology.parameter_servers
+
+
+def test_a_tasks_topology_comes_from_its_cluster():
+    ps = make_cfg("strategy=parameter_server")
+    here = {"chief": ["127.0.0.1:1"], "ps": ["localhost:2"], "worker": ["[::1]:3", "127.0.0.1:4"]}
+    assert Topology.of(ps, here) == Topology(True, True, True, 2, 1)  # the chief coordinates: 2 train
+    assert not Topology.of(ps, {**here, "worker": ["node7:3"]}).local  # the control: a worker elsewhere
+    mwms = make_cfg("strategy=multi_worker_mirrored")
+    assert Topology.of(mwms, {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}).workers == 3
+    assert Topology.of(mwms, {}) == Topology()  # a process alone (a test's in-process run)

@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from distrain import data, files
+from distrain.context import Topology
 from distrain.errors import ConfigError
 from helpers import RUN_TIMEOUT, assert_nothing_left, check_evaluations, make_cfg, record_file, run_cli
 
@@ -102,8 +103,8 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     assert labels(2, 0) == {0, 2} and labels(2, 1) == {1, 3}  # FILE: files 0, 2 and 1, 3
     assert labels(1, 0) == {0, 1, 2, 3}  # the control: one pipeline reads them all
     reader = pipeline.FileReader(found, cfg)
-    assert "sharded by FILE: each reads 2 of the 4" in reader.sharding(2)
-    assert reader.sharding(5).startswith("warning: input: 5 pipelines (one per worker), sharded by DATA")
+    assert "sharded by FILE: each reads 2 of the 4" in reader.sharding_line(2)
+    assert reader.sharding_line(5).startswith("warning: input: 5 pipelines (one per worker), sharded by DATA")
     assert labels(5, 4) == {0, 1, 2, 3}  # 5 pipelines, 4 files: each a share of every file
 
 
@@ -347,12 +348,13 @@ def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards,
         ["data=images", f"data.path={folder}", "data.image_size=[28,28]"]
     cfg = make_cfg(*args, "trainer.batch_size=32")
     found = files.scan(cfg.data, seed=0)
-    assert len(list(pipeline.FileReader(found, cfg, workers=2)(context).take(2))) == 2  # the control
+    workers = Topology(parameter_servers=True, clustered=True, workers=2, ps=1)
+    assert len(list(pipeline.FileReader(found, cfg, topology=workers)(context).take(2))) == 2  # the control
     lacking = shards / "train-00009-of-00004.tfrecord" if kind == "tfrecord" else folder / "train" / "digit-3" / "x.png"
     found.train_files = [str(lacking), *found.train_files]
     found.train_labels = [3, *found.train_labels] if kind == "images" else []
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        list(pipeline.FileReader(found, cfg, workers=2)(context).take(2))
+        list(pipeline.FileReader(found, cfg, topology=workers)(context).take(2))
     line = str(pipeline.bad_data(raised.value))
     n = len(found.train_files)
     where = "data.train_files" if kind == "tfrecord" else "data.path's train/ images"

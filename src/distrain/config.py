@@ -13,20 +13,22 @@ from . import cpu as cpu_lib
 from . import checking, schema
 from .errors import ConfigError
 from .rundir import RunDir
-from .schema import MWMS, PS, StrategyName
+from .context import Topology
+from .schema import StrategyName
 
 # ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
 # (trainer.batch_size: ${distrain.mul:128,${cluster.workers}}) for weak-scaling sweeps.
 OmegaConf.register_new_resolver("distrain.mul", lambda a, b: a * b, replace=True)
 
 
-def configured_replicas(strategy: DictConfig, cluster: DictConfig):
+def configured_replicas(cfg: DictConfig):
     """Replicas implied by the config alone, or None when it depends on the GPUs present."""
-    if strategy.name in (StrategyName.default, StrategyName.one_device, PS):
+    strategy, topology = cfg.strategy, Topology.of(cfg)
+    if strategy.name in (StrategyName.default, StrategyName.one_device) or topology.parameter_servers:
         return 1
-    if strategy.name == MWMS:
+    if topology.clustered:
         # one replica per worker on CPUs; GPUs (or a cluster from TF_CONFIG) are counted by the task
-        return cluster.workers if cluster.name == "local" and not strategy.get("devices") else None
+        return topology.workers if topology.local and not strategy.get("devices") else None
     if strategy.get("devices"):
         return len(strategy.devices)
     if strategy.get("cpu_virtual_devices", 0) > 1:
@@ -48,10 +50,10 @@ def validate(cfg: DictConfig) -> DictConfig:
     check_monitors(cfg)
     check_metrics_fit_loss(cfg)
     check_trainer(cfg)
-    check_devices(cfg.strategy, cfg.trainer.jit_compile)
+    check_devices(cfg.strategy, cfg.trainer.jit_compile, Topology.of(cfg).parameter_servers)
     if cfg.cluster.name == "local":
         check_local_cluster(cfg)
-    check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg.strategy, cfg.cluster))
+    check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg))
     check_devices_present(cfg.strategy)
     return cfg
 
@@ -98,9 +100,9 @@ def check_trainer(cfg) -> None:
                               "directory, or null for <run dir>/checkpoints")
 
 
-def check_devices(strategy: DictConfig, jit_compile: bool) -> None:
+def check_devices(strategy: DictConfig, jit_compile: bool, parameter_servers: bool) -> None:
     """strategy.devices names each device once, and XLA only where it can compile the step."""
-    if jit_compile and strategy.name == PS:
+    if jit_compile and parameter_servers:
         raise ConfigError("trainer.jit_compile=true cannot work under strategy=parameter_server: XLA cannot compile a "
                           "step whose variables live on ps tasks (TensorFlow's known XLA issue): set "
                           "trainer.jit_compile=false, or use strategy=multi_worker_mirrored")
@@ -121,13 +123,13 @@ def check_devices(strategy: DictConfig, jit_compile: bool) -> None:
 
 def check_local_cluster(cfg) -> None:
     """A local cluster has its ps task, an evaluator has checkpoints, and the tasks fit the cores."""
-    c = cfg.cluster
+    c, topology = cfg.cluster, Topology.of(cfg)
     if c.evaluator and not cfg.trainer.save_model:
         raise ConfigError("cluster.evaluator=true evaluates the checkpoints that trainer.save_model=true "
                           "writes: set trainer.save_model=true")
-    if cfg.strategy.name == PS and c.ps < 1:
+    if topology.parameter_servers and c.ps < 1:
         raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
-    tasks = c.workers + (c.ps if cfg.strategy.name == PS else 0)
+    tasks = topology.workers + topology.ps
     if tasks > schema.MAX_PER_CORE * schema.CORES:
         raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps} is {tasks} tasks, more than "
                           f"{schema.MAX_PER_CORE} per core on this machine's {schema.CORES} cores: "

@@ -212,14 +212,6 @@ def train_idx_files(data) -> list[Path]:
     return [idx_file(Path(data.path), "train", kind) for kind in ("images", "labels")]
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def on_this_machine(cluster_spec: dict) -> bool:
-    """Every task of the cluster at a loopback address: one machine, one disk."""
-    return all(address.rpartition(":")[0] in LOOPBACK for tasks in cluster_spec.values() for address in tasks)
-
-
 class TemporaryIdx:
     """Training arrays written once as IDX files in a temporary directory (removed with this object, at
     exit, or with the local cluster's scratch directory): a local cluster's parameter-server workers

@@ -6,15 +6,15 @@ import tensorflow as tf
 
 from .checkpoints import read_position
 from .model import compile_model
-from .rundir import RunDir
+from .context import RunContext
 from .training import build, load_data, reader, set_precision, test_steps
 
 
-def evaluate_checkpoints(cfg, run: RunDir) -> dict:
+def evaluate_checkpoints(cfg, context: RunContext) -> dict:
     """Evaluate each checkpoint the chief writes, until the run's last (the last epoch's, or the one a
     callback stopped training at), with the model and data the training builds."""
-    t = cfg.trainer
-    data = load_data(cfg, tf.distribute.get_strategy(), run)
+    t, run = cfg.trainer, context.run
+    data = load_data(cfg, context)
     model, optimizer, probabilities, _ = build(cfg, data, set_precision(t))
     compile_model(model, optimizer, cfg, probabilities)
     test_ds = reader(cfg, data, training=False)()

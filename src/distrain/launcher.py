@@ -23,11 +23,11 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import cpu, data, report, schema, storage
 from .config import check_objective, check_same_run, resumed, validate
+from .context import Topology
 from .errors import ConfigError, print_error
 from .forkserver import ForkServer
 from .protocol import RESTARTS_CLUSTER, SCRATCH, STARTED, error_line
 from .rundir import RunDir
-from .schema import CLUSTER_STRATEGIES, MWMS, PS
 from .restarts import Restarts
 from .supervisor import Outcome, TaskProcess, run_tasks
 from . import sweep
@@ -76,8 +76,7 @@ class KeepEarlierRuns(Callback):
         earlier = RunDir(run_dir).earlier_run()
         if earlier is None or config.trainer.resume:
             return
-        if config.strategy.name in CLUSTER_STRATEGIES and config.cluster.name != "local" and \
-                RunDir(run_dir).ended() in (None, "running"):
+        if not Topology.of(config).local and RunDir(run_dir).ended() in (None, "running"):
             return  # the tasks of a real cluster may share a run directory, which each starts
         _refuse(f"hydra.run.dir={run_dir} holds a run already, which {earlier}: go on with it with "
                 f"trainer.resume=true, set another hydra.run.dir, or remove {run_dir}")
@@ -120,7 +119,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     config = None  # the config.yaml written, as plain values
     try:
         cfg, found, why = _settled(cfg, run_dir, job, overrides)
-        if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name != "local":
+        topology = Topology.of(cfg)
+        if not topology.local:
             spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
         run = RunDir(run_dir, cfg)
         _write_config(cfg, run, found)
@@ -134,9 +134,9 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     argv = [sys.executable, "-m", "distrain.task", str(run.config)]
 
     with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir():  # (read by TensorFlow as each task starts)
-        if cfg.strategy.name not in CLUSTER_STRATEGIES:
+        if not topology.clustered:
             return _finish(run_tasks([TaskProcess("train", argv)], run, job=job), run, config, job, overrides)
-        if cfg.cluster.name == "local":
+        if topology.local:
             return _finish(run_local_cluster(cfg, run, argv, job), run, config, job, overrides)
         # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
         log.info("this process is task %s:%d of %s", task.type, task.index, spec)
@@ -166,8 +166,8 @@ def _settled(cfg, run_dir: Path, job: Job | None, overrides) -> tuple:
     source, why = data.resolve_source(cfg.data)
     cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
     # (a ps task elsewhere needs no data; a task elsewhere scans its files itself)
-    on_this_machine = cfg.strategy.name not in CLUSTER_STRATEGIES or cfg.cluster.name == "local"
-    found = data.check_files(cfg.data, cfg.trainer.seed, schema.labels_read(cfg.loss)) if on_this_machine else None
+    found = data.check_files(cfg.data, cfg.trainer.seed, schema.labels_read(cfg.loss)) if Topology.of(cfg).local \
+        else None
     return cfg, found, why
 
 
@@ -249,18 +249,18 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
 
 def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) -> tuple[dict, list]:
     """The cluster spec (ports picked free) and a TaskProcess for each of its tasks."""
-    c, strategy = cfg.cluster, cfg.strategy.name
-    spec = cluster_lib.local_spec(strategy, c.workers, c.ps)
+    c, topology = cfg.cluster, Topology.of(cfg)
+    spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
     tasks = []
     for task_type, addresses in spec.items():
         for index, address in enumerate(addresses):
             task = cluster_lib.Task(task_type, index, address)
             # The chief coordinates parameter servers and needs few threads; workers share the cores.
             env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
-            serves = strategy == PS and task_type != "chief"
+            serves = topology.parameter_servers and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if c.pin_workers and task_type == "worker" else None
             tasks.append(TaskProcess(task.name, net.wrap(argv), env, main=not serves,
-                                     alone=serves and task_type == "worker", quiet=strategy == MWMS and index > 0,
+                                     alone=serves and task_type == "worker", quiet=topology.synchronous and index > 0,
                                      task=task, cores=pinned, peer_timeout=coordinator_timeout(cfg, task_type),
                                      forks=forks))
     if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
@@ -273,7 +273,7 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) ->
 
 def coordinator_timeout(cfg, task_type: str) -> float:
     """The parameter-server chief keeps a heartbeat, which must not stop for cluster.peer_timeout."""
-    return cfg.cluster.peer_timeout if cfg.strategy.name == PS and task_type == "chief" else 0
+    return cfg.cluster.peer_timeout if Topology.of(cfg).parameter_servers and task_type == "chief" else 0
 
 
 def _keep(cfg, run: RunDir, job: Job | None, overrides) -> int:

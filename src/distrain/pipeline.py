@@ -1,6 +1,6 @@
-"""The input pipelines: every tf.data dataset a run trains or evaluates on is built here, by an
-InputReader that turns a source and a tf.distribute.InputContext into the dataset of one input
-pipeline (as Model Garden's InputReader does). data.py loads the arrays without TensorFlow.
+"""The input pipelines: every tf.data dataset a run trains or evaluates on is built here, by a reader
+(ArrayReader, FileReader) that turns a source and a tf.distribute.InputContext into the dataset of one
+input pipeline (as Model Garden's InputReader does). data.py loads the arrays without TensorFlow.
 """
 import glob
 import os
@@ -18,33 +18,33 @@ from .errors import ConfigError
 plain = tf.autograph.experimental.do_not_convert
 
 
-class InputReader:
+class ArrayReader:
     """The dataset of one input pipeline, for strategy.distribute_datasets_from_function (training)
     or for Keras's evaluate (test data, no context).
 
     images, labels: the arrays data.load() gives; cfg: the run's config (trainer.batch_size and seed,
     data.shuffle_buffer). training: shuffled, repeated, whole global batches; else each example once,
-    in order. skip: global batches already trained (a resumed synchronous run). workers: under
-    parameter servers, how many workers share the data, each reading its own shard, from `files`
-    (cfg.data where it is IDX files, or data.TemporaryIdx) where those are files, checked against the
+    in order. skip: global batches already trained (a resumed synchronous run). topology (the run's,
+    context.Topology): under parameter servers each worker reads its own shard, from `files` (cfg.data
+    where it is IDX files, or data.TemporaryIdx) where those are files, checked against the
     coordinator's fingerprints `expect`."""
 
-    def __init__(self, images, labels, cfg, *, training: bool = True, skip: int = 0, workers: int = 0,
+    def __init__(self, images, labels, cfg, *, training: bool = True, skip: int = 0, topology=None,
                  files=None, expect=None):
         self.images, self.labels, self.cfg = images, labels, cfg
-        self.training, self.skip, self.workers = training, skip, workers
+        self.training, self.skip, self.own_shards = training, skip, _own_shards(topology)
         self.files, self.expect = files, expect  # (held for the run: `files` may own them, TemporaryIdx)
 
     def __call__(self, context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
         t, shuffle = self.cfg.trainer, self.cfg.data.shuffle_buffer
         if not self.training:
             return make_dataset(self.images, self.labels, t.batch_size, seed=t.seed)
-        if self.workers:  # runs on the worker: its own shard, a batch per step of its own
+        if self.own_shards:  # runs on the worker: its own shard, a batch per step of its own
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             on_worker = read_train_files(self.files or self.cfg.data, (self.images, self.labels), self.expect)
             return make_dataset(*(on_worker or (self.images, self.labels)),
                                 context.get_per_replica_batch_size(t.batch_size), seed=t.seed,
-                                shuffle_buffer=shuffle, repeat=True, shard=(self.workers, worker),
+                                shuffle_buffer=shuffle, repeat=True, shard=(self.own_shards, worker),
                                 n=len(self.labels))
         # Synchronous: every pipeline builds the same shuffled global batches and keeps the slice for
         # its own replicas, one per-replica batch per element: the global batch is exactly the one a
@@ -56,26 +56,33 @@ class InputReader:
         return ds.rebatch(context.get_per_replica_batch_size(t.batch_size)) if replicas_here > 1 else ds
 
 
+def _own_shards(topology) -> int:
+    """Under parameter servers, the workers that each read their own shard of the training data (each
+    step a batch of its own); 0 for synchronous input pipelines, which share every global batch."""
+    return topology.workers if topology is not None and topology.parameter_servers else 0
+
+
 class FileReader:
     """Data in files (files.FileData: TFRecord shards, or image files with their class indices), streamed:
     the files interleaved in parallel, records shuffled in a bounded buffer (data.shuffle_buffer),
     decoded in parallel after that (so that skipping the batches a resumed run trained costs no
-    decoding), batched and prefetched. Same arguments and calls as InputReader.
+    decoding), batched and prefetched. Same arguments and calls as ArrayReader.
 
     Sharded as tf.distribute means it: each input pipeline (a multi_worker_mirrored worker, a
     parameter-server worker) reads its own files where there are at least as many files as pipelines
     (FILE), else its share of every file's records (DATA)."""
 
-    def __init__(self, found, cfg, *, training: bool = True, skip: int = 0, workers: int = 0):
-        self.found, self.cfg, self.training, self.skip, self.workers = found, cfg, training, skip, workers
+    def __init__(self, found, cfg, *, training: bool = True, skip: int = 0, topology=None):
+        self.found, self.cfg, self.training, self.skip = found, cfg, training, skip
+        self.own_shards = _own_shards(topology)
 
     def __call__(self, context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
         t, found = self.cfg.trainer, self.found
         if not self.training:
             ds = self._records(found.test_files, found.test_labels, shuffle=False).batch(t.batch_size)
             return self._finish(ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE))
-        if self.workers:  # a parameter-server worker: its own share, a batch per step of its own
-            pipelines, index = self.workers, tf.distribute.coordinator.experimental_get_current_worker_index()
+        if self.own_shards:  # a parameter-server worker: its own share, a batch per step of its own
+            pipelines, index = self.own_shards, tf.distribute.coordinator.experimental_get_current_worker_index()
             batch = context.get_per_replica_batch_size(t.batch_size)
         else:
             pipelines, index = (context.num_input_pipelines, context.input_pipeline_id) if context else (1, 0)
@@ -104,7 +111,7 @@ class FileReader:
             ds = ds.batch(DECODE, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
             ds = ds.unbatch().batch(batch, drop_remainder=True)
         replicas_here = context.num_replicas_in_sync // context.num_input_pipelines if context else 1
-        if replicas_here > 1 and not self.workers:
+        if replicas_here > 1 and not self.own_shards:
             ds = ds.rebatch(context.get_per_replica_batch_size(t.batch_size))
         return self._finish(ds)
 
@@ -129,7 +136,7 @@ class FileReader:
                       lambda _: tf.constant(f"{where} on a parameter-server worker"), says,
                       "give every worker's machine the same files at the same path")
 
-    def sharding(self, pipelines: int) -> str:
+    def sharding_line(self, pipelines: int) -> str:
         """How `pipelines` input pipelines share the training files, in one line."""
         files = len(self.found.train_files)
         warning = "" if files >= pipelines else "warning: "
@@ -144,7 +151,7 @@ class FileReader:
         shuffle: the files in a new seeded order each pass. shard: (pipelines, this one), of the files."""
         images = self.found.kind == "images"
         slices = (files, tf.constant(labels, tf.int32)) if images else files
-        if self.workers and self.training:  # a parameter-server worker, before it reads any
+        if self.own_shards and self.training:  # a parameter-server worker, before it reads any
             ds = tf.data.Dataset.from_tensors(0).map(plain(lambda _: self._same_files())).flat_map(
                 plain(lambda _: tf.data.Dataset.from_tensor_slices(slices)))
         else:

@@ -104,7 +104,7 @@ def make_strategy(strategy_cfg, context=None, peer_timeout: float | None = None)
         partitioner = None
         if strategy_cfg.variable_partitioner:
             partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-                min_shard_bytes=strategy_cfg.min_shard_bytes, max_shards=strategy_cfg.max_shards or context.ps)
+                min_shard_bytes=strategy_cfg.min_shard_bytes, max_shards=strategy_cfg.max_shards or context.topology.ps)
         return tf.distribute.ParameterServerStrategy(context.resolver(), variable_partitioner=partitioner)
     raise ConfigError(f"strategy={name} is unknown: use one of the options that --help lists")
 

@@ -15,27 +15,28 @@ from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
 from . import report, storage
-from .context import RunContext
+from .context import RunContext, Topology
 from .errors import FINAL, ConfigError, PeerLost, print_error
 from .process import Preempted, Preemption, die_with_parent, exit_now
 from .protocol import RESTARTS_CLUSTER, say_ready
 from .rundir import RunDir
-from .schema import CLUSTER_STRATEGIES, MWMS, PS
 
 
 def main(argv=None) -> int:
     die_with_parent()  # again here: nsenter's change of credentials may have cleared it
     config_path = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(config_path)
-    context = RunContext(RunDir(config_path.parent, cfg))
+    run = RunDir(config_path.parent, cfg)
+    context = RunContext.of(run, cfg)
     try:
-        if cfg.strategy.name in CLUSTER_STRATEGIES:  # TF_CONFIG, read here alone
-            context.cluster, context.task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+        if Topology.of(cfg).clustered:  # TF_CONFIG, read here alone
+            context = RunContext.of(run, cfg, *cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"),
+                                                                         cfg.strategy.name))
             task = context.task
             if task.type == "evaluator":
                 return evaluate(cfg, context)
             cluster_lib.check_port_free(task)
-            if cfg.strategy.name == PS and task.type in ("ps", "worker"):
+            if context.topology.parameter_servers and task.type in ("ps", "worker"):
                 return serve(context, cfg.cluster.name == "slurm", cfg.cluster.startup_timeout)
         # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
         from .pipeline import bad_data, unreadable_on_worker
@@ -46,14 +47,14 @@ def main(argv=None) -> int:
         one_line_records()
         check_arguments(cfg)  # each _target_ given only what it takes: before any device, peer or data
 
-        if context.task and cfg.strategy.name == PS:  # the coordinator: up once its ps and workers are
+        if context.task and context.topology.parameter_servers:  # the coordinator: up once its ps and workers are
             cluster_lib.wait_for_peers(cluster_lib.peers(context.cluster, context.task))
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy, context, cfg.cluster.peer_timeout if context.task else None)
         context.know_strategy(strategy)
         if context.task:
             say_ready(context.task)
-        Preemption.watch(strategy if cfg.strategy.name == MWMS else None)
+        Preemption.watch(strategy if context.topology.clustered and context.topology.synchronous else None)
         try:
             results, _ = train(cfg, context.run.path, strategy, context)
             if context.chief:
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
         return 128 + signal.SIGTERM
     if context.chief:
         print(report.summary_line(results), flush=True)
-    if context.task and cfg.strategy.name == PS:  # the coordinator: all is written
+    if context.task and context.topology.parameter_servers:  # the coordinator: all is written
         sys.stderr.flush()
         os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (runners.KEPT)
     return 0
@@ -142,7 +143,7 @@ def evaluate(cfg, context: RunContext) -> int:
     from .evaluator import evaluate_checkpoints
 
     say_ready(context.task)
-    evaluations = evaluate_checkpoints(cfg, context.run)
+    evaluations = evaluate_checkpoints(cfg, context)
     try:
         context.run.write_evaluation(evaluations)
     except OSError as exc:

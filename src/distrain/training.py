@@ -22,7 +22,7 @@ from .metrics import Tally, check_labels, check_loss, check_metrics_read_the_out
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
 from .files import FileData
-from .pipeline import FileReader, InputReader, train_file_hashes
+from .pipeline import ArrayReader, FileReader, train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .rundir import RunDir
 from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
@@ -95,7 +95,7 @@ def reader(cfg, data, training: bool = True, validation: bool = False, **kwargs)
         x, y = data.x_val, data.y_val
     else:
         x, y = data.x_test, data.y_test
-    return InputReader(x, y, cfg, training=training, **kwargs)
+    return ArrayReader(x, y, cfg, training=training, **kwargs)
 
 
 def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
@@ -108,11 +108,11 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     if strategy is None:
         configure_devices(cfg.strategy)
         strategy = make_strategy(cfg.strategy)
-    context = context or RunContext(RunDir(run_dir, cfg)).know_strategy(strategy)
+    context = context or RunContext.of(RunDir(run_dir, cfg), cfg).know_strategy(strategy)
     t, chief, run = cfg.trainer, context.chief, context.run
     policy = set_precision(t, announce=bool(t.verbose) and chief)
     keras.utils.set_random_seed(t.seed)
-    data = load_data(cfg, strategy, run)
+    data = load_data(cfg, context)
     with strategy.scope():
         model, optimizer, probabilities, line = build(cfg, data, policy)
     if t.verbose and chief:
@@ -129,7 +129,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     if t.validate_every or cfg.get("callbacks"):  # evaluate() during training, and callbacks' model.optimizer
         compile_model(model, optimizer, cfg, probabilities)
     rebuild = lambda: build(cfg, data, policy)[:2]  # noqa: E731 - a local model and optimizer (parameter servers)
-    validate = make_validate(cfg, data, model, runner, rebuild, probabilities)
+    validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
                validate, callbacks)
     model, optimizer = runner.finish(model, rebuild)
@@ -144,14 +144,14 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         model
 
 
-def load_data(cfg, strategy, run: RunDir | None = None) -> Arrays | Files:
+def load_data(cfg, context: RunContext) -> Arrays | Files:
     """The training and test arrays, or what the data files hold (as the launcher found them, in the
     run's data.json, else scanned here), checked against the batch and the replicas."""
     t = cfg.trainer
-    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):  # (there: a batch per worker's step)
-        check_batch_divides(t.batch_size, strategy.num_replicas_in_sync)
+    if context.topology.synchronous:  # (parameter servers: a batch per worker's step)
+        check_batch_divides(t.batch_size, context.replicas)
     if cfg.data.source in schema.FILE_SOURCES:
-        content = run.read_data() if run else None
+        content = context.run.read_data()
         found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
         examples = found.train_examples
     else:
@@ -210,17 +210,18 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
     train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally)
-    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+    topology = context.topology
+    if topology.parameter_servers:
         runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
-                             tally, data.steps, t.steps_per_execution, context.workers, context.ps)
+                             tally, data.steps, t.steps_per_execution, topology.workers, topology.ps)
     else:
         # Resumed, the data goes on from the batch after the last one trained: the batches an
         # uninterrupted run would have seen.
         train = reader(cfg, data, skip=progress.epoch * data.steps + progress.step)
-        if isinstance(data, Files) and context.workers > 1 and context.chief:
-            print(train.sharding(context.workers), flush=True)
+        if isinstance(data, Files) and topology.workers > 1 and context.chief:
+            print(train.sharding_line(topology.workers), flush=True)
         runner = SyncEpochs(strategy, train_steps, strategy.distribute_datasets_from_function(train), optimizer,
-                            tally, t.steps_per_execution, progress=t.verbose == 1, workers=context.workers)
+                            tally, t.steps_per_execution, progress=t.verbose == 1, workers=topology.workers)
     if t.verbose:
         print(f"{data.steps} steps per epoch, up to {runner.per_call} per tf.function call", flush=True)
     return runner
@@ -230,13 +231,13 @@ def per_worker_dataset(strategy, context: RunContext, data: Arrays | Files, cfg)
     """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated,
     from files where the data is in files (on a local cluster, other data is written to files once)."""
     if isinstance(data, Files):  # each worker streams its own files, on its own machine
-        train = reader(cfg, data, workers=context.workers)
-        print(train.sharding(context.workers), flush=True)
+        train = reader(cfg, data, topology=context.topology)
+        print(train.sharding_line(context.topology.workers), flush=True)
         return lambda: strategy.distribute_datasets_from_function(train)
     source = cfg.data
-    if source.source != "idx" and data_lib.on_this_machine(context.cluster):
+    if source.source != "idx" and context.topology.local:
         source = data_lib.TemporaryIdx(data.x_train, data.y_train)  # a local cluster: its workers read the same disk
-    train = reader(cfg, data, workers=context.workers, files=source,
+    train = reader(cfg, data, topology=context.topology, files=source,
                    expect=train_file_hashes(source))  # of the coordinator's copy, for the workers'
     return lambda: strategy.distribute_datasets_from_function(train)
 
@@ -326,7 +327,7 @@ def evaluate(model, dataset, steps) -> dict:
                           "(~metrics.NAME); under mixed precision try trainer.mixed_precision=false") from None
 
 
-def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
+def make_validate(cfg, data, model, topology, rebuild, probabilities: bool):
     """A function giving the test data's {loss, each metric} with the weights trained so far, for
     trainer.validate_every; None without. Parameter servers: on a copy here (the model lives on the
     ps tasks); else every worker evaluates its share, as Keras's evaluate() does."""
@@ -334,7 +335,7 @@ def make_validate(cfg, data, model, runner, rebuild, probabilities: bool):
         return None
     test = reader(cfg, data, training=False, validation=True)()
     steps = test_steps(data, cfg.trainer.batch_size)
-    if not isinstance(runner, AsyncEpochs):
+    if topology.synchronous:
         return lambda: evaluate(model, test, steps)
     local, optimizer = rebuild()
     compile_model(local, optimizer, cfg, probabilities)
