@@ -165,8 +165,11 @@ CASES = [
      "data, which only validation reads: set trainer.validate_every=1"),
     ("validation-split-range", ["data.validation_split=1.5"], "data.validation_split=1.5 must be at least 0 and below 1"),
     ("validation-split-tfrecord", ["data=tfrecord", "data.train_files=/nonexistent/*.tfrecord",
-                                   "data.validation_split=0.2"], "data.validation_split=0.2 holds out arrays or image "
-     "folders, not TFRecord records: write a validation set as data.test_files"),
+                                   "data.validation_split=0.2"], "data.validation_split=0.2 holds out rows of arrays, "
+     "not TFRecord records: write a validation set as data.test_files"),
+    ("validation-split-images", ["data=images", "data.path=/nonexistent", "data.validation_split=0.2"],
+     "data.validation_split=0.2 holds out rows of arrays, not images: set data.test_split=0.2 to hold out part of "
+     "train/"),
     ("shuffle-negative", ["data.shuffle_buffer=-1"], "data.shuffle_buffer=-1 must be 0 or more"),
     ("data-source", ["data.source=s3"], "data.source=s3 must be one of auto, bundled, keras, idx, npz, synthetic"),
     ("communication", [*MWMS, "strategy.communication=mpi"], "strategy.communication=mpi must be one of auto"),

@@ -67,11 +67,11 @@ def test_the_scan_counts_records_from_their_headers_and_finds_the_classes(shards
     assert images.train_labels[:1] == [0] and images.train_labels[-1:] == [9]
 
 
-def test_validation_split_holds_out_a_seeded_fraction_of_each_class(folder, tmp_path):
+def test_test_split_holds_out_a_seeded_fraction_of_each_class(folder, tmp_path):
     only_train = tmp_path / "only_train"
     only_train.mkdir()
     (only_train / "train").symlink_to(folder / "train", target_is_directory=True)
-    cfg = make_cfg("data=images", f"data.path={only_train}", "data.image_size=[28,28]", "data.validation_split=0.25")
+    cfg = make_cfg("data=images", f"data.path={only_train}", "data.image_size=[28,28]", "data.test_split=0.25")
     a, b = files.scan(cfg.data, seed=1), files.scan(cfg.data, seed=1)
     assert a.test_files == b.test_files and not set(a.test_files) & set(a.train_files)
     assert a.train_examples + a.test_examples == 480 and 100 <= a.test_examples <= 140

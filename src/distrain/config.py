@@ -75,9 +75,13 @@ def check_data(cfg) -> None:
                           "y_test)")
     split = data.get("validation_split")
     if split and data.source == "tfrecord":
-        raise ConfigError(f"data.validation_split={split} holds out arrays or image folders, not TFRecord records: "
-                          "write a validation set as data.test_files, or drop data.validation_split")
-    if split and data.source != "images" and not cfg.trainer.validate_every:
+        raise ConfigError(f"data.validation_split={split} holds out rows of arrays, not TFRecord records: write a "
+                          "validation set as data.test_files, or drop data.validation_split")
+    if split and data.source == "images":
+        raise ConfigError(f"data.validation_split={split} holds out rows of arrays, not images: set data.test_split="
+                          f"{split} to hold out part of train/ as the test data (which trainer.validate_every "
+                          "evaluates on), or drop data.validation_split")
+    if split and not cfg.trainer.validate_every:
         raise ConfigError(f"data.validation_split={split} holds out validation data, which only validation reads: "
                           "set trainer.validate_every=1 (or every N epochs), or drop data.validation_split")
 

@@ -107,7 +107,7 @@ def load(data, seed: int, reads: str | None = "classes"):
         splits = synthetic(data.train_examples, data.test_examples, seed)
     else:
         raise ConfigError(f"data.source={source!r} is unknown: use auto, bundled, keras, idx, npz or synthetic")
-    return _checked(splits, data, (reads or labels_of(splits[0][1])) == "classes")
+    return _checked(splits, data, class_indices=(reads or labels_of(splits[0][1])) == "classes")
 
 
 def labels_of(labels) -> str:
@@ -146,10 +146,10 @@ def _layout(value) -> str:
     return f"array{value.shape}" if hasattr(value, "shape") else type(value).__name__
 
 
-def num_classes(data, labels, classes: bool = True) -> int:
+def num_classes(data, labels, class_indices: bool = True) -> int:
     """data.num_classes, else one more than the largest label of these (the training and test labels);
-    classes=False: a label's size (the outputs a model needs: 1 for (N,) labels)."""
-    if not classes:
+    of other labels (class_indices=False): a label's size (the outputs a model needs: 1 for (N,) labels)."""
+    if not class_indices:
         return data.get("num_classes") or int(np.prod(labels[0].shape[1:], dtype=int))
     return data.get("num_classes") or int(max(int(y.max()) for y in labels)) + 1
 
@@ -265,11 +265,11 @@ def read_idx(path: Path) -> np.ndarray:
         raise ConfigError(f"IDX file {path} is corrupt ({exc}): replace it") from None
 
 
-def _checked(splits, data, classes: bool = True):
+def _checked(splits, data, class_indices: bool = True):
     """The splits with a channel axis, float images as float32 and labels as int32; or a ConfigError
-    naming what is wrong with them. classes=False (a loss of other labels): features of any shape
-    (N, ...) (a channel axis for (N, H, W) images), labels of any shape, integer or float."""
-    if not classes:
+    naming what is wrong with them. Other labels than class indices (a loss of other labels): features
+    of any shape (N, ...) (a channel axis for (N, H, W) images), labels of any shape, integer or float."""
+    if not class_indices:
         return _any_labels(splits, data)
     where = f"data from {data.path}" if data.source in ("npz", "idx") and data.get("path") else \
         f"data from {label(data)}" if data.source == "loader" else f"data from source {data.source}"
@@ -314,7 +314,7 @@ def _checked(splits, data, classes: bool = True):
 
 
 def _any_labels(splits, data):
-    """_checked(classes=False): one label (of any shape) per example, numbers; integer labels as int32,
+    """_checked(class_indices=False): one label (of any shape) per example, numbers; integer labels as int32,
     others as float32; a label that is one number as a row of one, (N, 1)."""
     where = f"data from {data.path}" if data.get("path") else f"data from {label(data)}"
     out = []

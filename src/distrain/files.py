@@ -251,19 +251,19 @@ def scan_images(data, seed: int) -> FileData:
             raise ConfigError(f"the class folders of {root / 'test'} ({', '.join(test)}) differ from those of "
                               f"{root / 'train'} ({', '.join(names)}): give both the same classes")
         split = lambda files: (sorted(files), [])  # noqa: E731
-    elif data.validation_split:
+    elif data.test_split:
         import numpy as np
 
         rng = np.random.default_rng(seed)
 
         def split(files):  # a seeded fraction of each class
             order = rng.permutation(len(files))
-            held = max(1, round(len(files) * data.validation_split))
+            held = max(1, round(len(files) * data.test_split))
             return [files[i] for i in sorted(order[held:])], [files[i] for i in sorted(order[:held])]
         test = None
     else:
         raise ConfigError(f"{root} has no test/ folder: add {root}/test/<class>/ images, or set "
-                          "data.validation_split=0.2 to hold out a fraction of train/")
+                          "data.test_split=0.2 to hold out a fraction of train/")
     train_files, train_labels, test_files, test_labels = [], [], [], []
     for index, name in enumerate(names):
         kept, held = split(train[name])
@@ -289,7 +289,7 @@ def scan_images(data, seed: int) -> FileData:
     if data.channels:
         shape[2] = data.channels
     how = (f"{len(names)} class folders, {len(train_files)} training and {len(test_files)} test image(s)"
-           + ("" if test is not None else f" (data.validation_split={data.validation_split} of train/)")
+           + ("" if test is not None else f" (data.test_split={data.test_split} of train/)")
            + f" ({time.perf_counter() - started:.1f} s)")
     return FileData("images", train_files, test_files, len(train_files), len(test_files),
                     data.num_classes or len(names), shape, train_labels=train_labels, test_labels=test_labels,

@@ -64,10 +64,10 @@ def build_model(node, input_shape, num_classes: int) -> keras.Model:
     return model
 
 
-def check_model(model: keras.Model, images, num_classes: int, classes: bool = True) -> bool:
+def check_model(model: keras.Model, images, num_classes: int, class_indices: bool = True) -> bool:
     """One forward pass on a few examples: the model takes these images and gives num_classes outputs.
     Returns whether its outputs are probabilities (a softmax output layer) rather than logits.
-    classes=False (a loss of other labels): the outputs' shape is the loss's to check (check_loss), and
+    class_indices=False (a loss of other labels): the outputs' shape is the loss's to check (check_loss), and
     a softmax or sigmoid last activation means probabilities."""
     sample = images[:2]
     try:
@@ -76,7 +76,7 @@ def check_model(model: keras.Model, images, num_classes: int, classes: bool = Tr
         raise ConfigError(f"model {model.name} does not take images of shape {tuple(sample.shape[1:])} "
                           f"({reason(exc)}): build it for input_shape, which distrain passes to the builder") \
             from None
-    if not classes and isinstance(outputs, tf.Tensor):
+    if not class_indices and isinstance(outputs, tf.Tensor):
         return _last_activation(model) in ("softmax", "sigmoid")
     if not isinstance(outputs, tf.Tensor) or tuple(outputs.shape) != (len(sample), num_classes):
         shape = tuple(outputs.shape) if isinstance(outputs, tf.Tensor) else type(outputs).__name__

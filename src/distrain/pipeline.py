@@ -15,7 +15,7 @@ from .errors import ConfigError
 
 # The functions the datasets here map build their graphs with tf.cond where they branch, so autograph's
 # conversion of them buys nothing; it cost each process that reads files 1.4 s of CPU (measured).
-plain = tf.autograph.experimental.do_not_convert
+unconverted = tf.autograph.experimental.do_not_convert
 
 
 class ArrayReader:
@@ -119,7 +119,7 @@ class FileReader:
         """A check, run where the worker reads its data: its machine holds the training files the launcher
         found for the coordinator, by name (a worker on another machine may see other files): TFRecord
         shards that data.train_files matches there, no fewer and no more; each image of data.path's train/
-        (others there may be held out by data.validation_split, or not be images)."""
+        (others there may be held out by data.test_split, or not be images)."""
         data, images = self.cfg.data, self.found.kind == "images"
         where = "data.path's train/ images" if images else "data.train_files"
         patterns = sorted({os.path.join(glob.escape(os.path.dirname(f)), "*") for f in self.found.train_files}) \
@@ -152,8 +152,8 @@ class FileReader:
         images = self.found.kind == "images"
         slices = (files, tf.constant(labels, tf.int32)) if images else files
         if self.own_shards and self.training:  # a parameter-server worker, before it reads any
-            ds = tf.data.Dataset.from_tensors(0).map(plain(lambda _: self._same_files())).flat_map(
-                plain(lambda _: tf.data.Dataset.from_tensor_slices(slices)))
+            ds = tf.data.Dataset.from_tensors(0).map(unconverted(lambda _: self._same_files())).flat_map(
+                unconverted(lambda _: tf.data.Dataset.from_tensor_slices(slices)))
         else:
             ds = tf.data.Dataset.from_tensor_slices(slices)
         if shard is not None:
@@ -162,11 +162,11 @@ class FileReader:
             ds = ds.shuffle(len(files), seed=self.cfg.trainer.seed, reshuffle_each_iteration=True)
         if images:
             return ds
-        return ds.interleave(plain(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))),
+        return ds.interleave(unconverted(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))),
                              cycle_length=min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
 
-    @plain
+    @unconverted
     def _decode(self, *batch):
         """A batch of examples: pixels scaled to [0, 1], in the shape data.json holds (resized if
         data.image_size), and their labels. A record or image that does not fit is an error naming it
@@ -253,7 +253,7 @@ class FileReader:
 
 DECODE = 128  # records parsed and decoded together: unrolled, 40% less CPU per PNG digit than map_fn (measured)
 BAD = "@@"  # around the line a data check gives (_check), inside TensorFlow's error: bad_data finds it
-MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")  # the first bytes of the images decode_image reads
+MAGIC = (files.PNG, files.JPEG, files.GIF, files.BMP)  # the first bytes of the images decode_image reads
 
 
 def _check(ok, where, says, fix: str = "fix it, or remove it"):
@@ -393,10 +393,10 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
     if part is not None:
         i, parts = part
         size = batch_size // parts
-        ds = ds.map(plain(lambda idx: idx[i * size:(i + 1) * size]))
+        ds = ds.map(unconverted(lambda idx: idx[i * size:(i + 1) * size]))
     pixels = images.dtype == tf.uint8  # scaled to [0, 1]; float images are taken as they are
 
-    @plain
+    @unconverted
     def gather(idx):
         x = tf.cast(tf.gather(images, idx), tf.float32)
         return (x / 255.0 if pixels else x), tf.gather(labels, idx)

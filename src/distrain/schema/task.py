@@ -316,8 +316,8 @@ class Images(InFiles):
                     "GIF), classes in sorted folder order as Keras's image_dataset_from_directory reads them")
     source: DataSource = key(DataSource.images, "images")
     path: Optional[str] = key(None, "the folder holding train/ (and test/)", example="data/flowers")
-    validation_split: float = key(0.0, "where there is no test/: the fraction of train/ held out for testing, "
-                                  "seeded", FRACTION, example=0.2)
+    test_split: float = key(0.0, "where there is no test/: the fraction of each class of train/ held out as the "
+                            "test data, seeded", FRACTION, example=0.2)
     num_classes: Optional[int] = key(None, "classes (null: the number of class folders)", POSITIVE, example=10)
 
 
