@@ -7,7 +7,8 @@ import tensorflow as tf
 from .checkpoints import read_position
 from .model import compile_model
 from .context import RunContext
-from .training import build, load_data, reader, set_precision, test_steps
+from .inputs import load_data
+from .training import build, set_precision
 
 
 def evaluate_checkpoints(cfg, context: RunContext) -> dict:
@@ -17,7 +18,7 @@ def evaluate_checkpoints(cfg, context: RunContext) -> dict:
     data = load_data(cfg, context)
     model, optimizer, probabilities, _ = build(cfg, data, set_precision(t))
     compile_model(model, optimizer, cfg, probabilities)
-    test_ds = reader(cfg, data, training=False)()
+    test_ds = data.reader(cfg, training=False)()
     directory = run.checkpoints
     print(f"evaluator: waiting for checkpoints in {directory}", flush=True)
     evaluations = []
@@ -32,7 +33,7 @@ def evaluate_checkpoints(cfg, context: RunContext) -> dict:
         position = read_position(path)
         if position is None:  # pruned before we got to it
             continue
-        test = model.evaluate(test_ds, steps=test_steps(data, t.batch_size), verbose=0, return_dict=True)
+        test = model.evaluate(test_ds, steps=data.test_steps(t.batch_size), verbose=0, return_dict=True)
         epoch, step = position.epoch, position.step  # epochs finished, steps into the next
         evaluations.append({"checkpoint": Path(path).name, "epoch": epoch, "step": step, **test})
         where = f"epoch {epoch}" + (f" + {step} steps" if step else "")

@@ -55,6 +55,10 @@ class ArrayReader:
                           part=(context.input_pipeline_id, context.num_input_pipelines))
         return ds.rebatch(context.get_per_replica_batch_size(t.batch_size)) if replicas_here > 1 else ds
 
+    def sharding_line(self, pipelines: int) -> str:
+        """(Every synchronous pipeline builds the same global batches and keeps its slice: nothing to say.)"""
+        return ""
+
 
 def _own_shards(topology) -> int:
     """Under parameter servers, the workers that each read their own shard of the training data (each

@@ -1,28 +1,24 @@
 """The training loop, as wiring: strategy, data, model, runner, the epochs, evaluation, saved artefacts.
-The pieces live in their own modules: pipeline.py (the datasets), runners.py (the steps and how they
-are called), checkpoints.py, model.py, report.py."""
+The pieces live in their own modules: inputs.py (the data a task trains on, and its readers),
+runners.py (the steps and how they are called), checkpoints.py, model.py, report.py."""
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
-
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from . import cpu, files, report, schema, storage
+from . import cpu, report, schema, storage
 from . import data as data_lib
 from .checkpoints import Checkpoints, Progress, resume, segments
-from .config import check_batch_divides, instantiate_as
+from .config import instantiate_as
 from .context import RunContext
 from .errors import ConfigError, Diverged
-from .metrics import Tally, check_labels, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, \
-    pick_accuracy
+from .inputs import Arrays, Files, load_data
+from .metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, pick_accuracy
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
-from .files import FileData
-from .pipeline import ArrayReader, FileReader, train_file_hashes
+from .pipeline import train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .rundir import RunDir
 from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
@@ -42,60 +38,6 @@ def set_precision(t, announce: bool = False) -> str:
               "than TensorFlow's own (oneDNN), under plain Keras too (benchmarks/run.py measures it); XLA is for "
               "GPUs", flush=True)
     return policy
-
-
-class Arrays(NamedTuple):
-    """The training and test arrays (data.load), their class count, and the global steps of an epoch."""
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    classes: int
-    steps: int  # global steps an epoch
-    labels: str  # what the labels are (schema.LABELS)
-    x_val: np.ndarray | None = None  # data.validation_split's, held out of the training arrays
-    y_val: np.ndarray | None = None
-
-    shape = property(lambda self: self.x_train.shape[1:])
-    train_examples = property(lambda self: len(self.y_train))
-    test_examples = property(lambda self: len(self.y_test))
-    sample = property(lambda self: self.x_train[:2])  # what check_model runs the model on
-    sample_labels = property(lambda self: self.y_train[:2])
-    class_names = None
-
-
-class Files(NamedTuple):
-    """Data in files (files.FileData), streamed, with the global steps of an epoch and two decoded images."""
-    found: FileData
-    steps: int
-    sample: np.ndarray
-
-    shape = property(lambda self: tuple(self.found.shape))
-    classes = property(lambda self: self.found.num_classes)
-    train_examples = property(lambda self: self.found.train_examples)
-    test_examples = property(lambda self: self.found.test_examples)
-    class_names = property(lambda self: self.found.class_names)
-    sample_labels = property(lambda self: np.zeros(len(self.sample), np.int32))  # (class labels)
-    labels = "classes"
-
-
-def test_steps(data, batch_size: int) -> int | None:
-    """Batches of the test split, for Keras's evaluate, which cannot count a stream's (None: arrays)."""
-    return -(-data.test_examples // batch_size) if isinstance(data, Files) else None
-
-
-def reader(cfg, data, training: bool = True, validation: bool = False, **kwargs):
-    """The input reader of this data (pipeline.py): of the training split, else of the test split, or
-    of the validation split where data.validation_split held one out."""
-    if isinstance(data, Files):
-        return FileReader(data.found, cfg, training=training, **kwargs)
-    if training:
-        x, y = data.x_train, data.y_train
-    elif validation and data.y_val is not None:
-        x, y = data.x_val, data.y_val
-    else:
-        x, y = data.x_test, data.y_test
-    return ArrayReader(x, y, cfg, training=training, **kwargs)
 
 
 def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
@@ -134,7 +76,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
                validate, callbacks)
     model, optimizer = runner.finish(model, rebuild)
     compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
-    test = evaluate(model, reader(cfg, data, training=False)(), test_steps(data, t.batch_size))
+    test = evaluate(model, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
     if t.save_model:
         compile_model(model, optimizer, cfg, probabilities, plain=True)  # loads without distrain
         save_model(model, out.saved_model, data.class_names, include_optimizer=plain_keras(optimizer))
@@ -142,35 +84,6 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         shutil.rmtree(out.path, ignore_errors=True)
     return report.results(cfg, data, progress, test, runner.describe(t.batch_size) | about(model, probabilities, policy)), \
         model
-
-
-def load_data(cfg, context: RunContext) -> Arrays | Files:
-    """The training and test arrays, or what the data files hold (as the launcher found them, in the
-    run's data.json, else scanned here), checked against the batch and the replicas."""
-    t = cfg.trainer
-    if context.topology.synchronous:  # (parameter servers: a batch per worker's step)
-        check_batch_divides(t.batch_size, context.replicas)
-    if cfg.data.source in schema.FILE_SOURCES:
-        content = context.run.read_data()
-        found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
-        examples = found.train_examples
-    else:
-        (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, schema.labels_read(cfg.loss))
-        labels = schema.labels_read(cfg.loss) or data_lib.labels_of(y_train)
-        check_labels(cfg.loss, y_train)
-        classes = data_lib.num_classes(cfg.data, (y_train, y_test), labels == "classes")
-        x_val = y_val = None
-        if cfg.data.get("validation_split"):  # the last examples, as fit(validation_split) holds them out
-            cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
-            (x_train, x_val), (y_train, y_val) = np.split(x_train, [cut]), np.split(y_train, [cut])
-        examples = len(y_train)
-    steps = t.get("steps_per_epoch") or examples // t.batch_size
-    if steps == 0:
-        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {examples} training "
-                          f"examples: set trainer.batch_size={examples} or less, or trainer.steps_per_epoch")
-    if cfg.data.source in schema.FILE_SOURCES:
-        return Files(found, steps, FileReader(found, cfg).sample())
-    return Arrays(x_train, y_train, x_test, y_test, classes, steps, labels, x_val, y_val)
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
@@ -217,8 +130,8 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     else:
         # Resumed, the data goes on from the batch after the last one trained: the batches an
         # uninterrupted run would have seen.
-        train = reader(cfg, data, skip=progress.epoch * data.steps + progress.step)
-        if isinstance(data, Files) and topology.workers > 1 and context.chief:
+        train = data.reader(cfg, skip=progress.epoch * data.steps + progress.step)
+        if topology.workers > 1 and context.chief and train.sharding_line(topology.workers):
             print(train.sharding_line(topology.workers), flush=True)
         runner = SyncEpochs(strategy, train_steps, strategy.distribute_datasets_from_function(train), optimizer,
                             tally, t.steps_per_execution, progress=t.verbose == 1, workers=topology.workers)
@@ -230,14 +143,14 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
 def per_worker_dataset(strategy, context: RunContext, data: Arrays | Files, cfg):
     """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated,
     from files where the data is in files (on a local cluster, other data is written to files once)."""
-    if isinstance(data, Files):  # each worker streams its own files, on its own machine
-        train = reader(cfg, data, topology=context.topology)
+    if data.streamed:  # each worker streams its own files, on its own machine
+        train = data.reader(cfg, topology=context.topology)
         print(train.sharding_line(context.topology.workers), flush=True)
         return lambda: strategy.distribute_datasets_from_function(train)
     source = cfg.data
     if source.source != "idx" and context.topology.local:
         source = data_lib.TemporaryIdx(data.x_train, data.y_train)  # a local cluster: its workers read the same disk
-    train = reader(cfg, data, topology=context.topology, files=source,
+    train = data.reader(cfg, topology=context.topology, files=source,
                    expect=train_file_hashes(source))  # of the coordinator's copy, for the workers'
     return lambda: strategy.distribute_datasets_from_function(train)
 
@@ -333,8 +246,8 @@ def make_validate(cfg, data, model, topology, rebuild, probabilities: bool):
     ps tasks); else every worker evaluates its share, as Keras's evaluate() does."""
     if not cfg.trainer.validate_every:
         return None
-    test = reader(cfg, data, training=False, validation=True)()
-    steps = test_steps(data, cfg.trainer.batch_size)
+    test = data.reader(cfg, training=False, validation=True)()
+    steps = data.test_steps(cfg.trainer.batch_size)
     if topology.synchronous:
         return lambda: evaluate(model, test, steps)
     local, optimizer = rebuild()
