@@ -241,14 +241,14 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
     import tensorflow as tf
 
     from distrain.context import Topology
-    from distrain.pipeline import ArrayReader
+    from distrain.pipeline import array_reader
 
     monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
     path, (x, y), _ = idx_dir
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
 
     def constant_bytes(cfg, source=None) -> int:
-        fn = ArrayReader(x, y, cfg, topology=Topology(parameter_servers=True, clustered=True, workers=2, ps=1),
+        fn = array_reader(x, y, cfg, topology=Topology(parameter_servers=True, clustered=True, workers=2, ps=1),
                          files=source)
         graph = tf.function(lambda: fn(context)._variant_tensor).get_concrete_function().graph
         return sum(tf.make_ndarray(op.get_attr("value")).nbytes for op in graph.get_operations() if op.type == "Const")

@@ -97,12 +97,12 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     def labels(pipelines: int, index: int) -> set:
         context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=index,
                                              num_replicas_in_sync=pipelines)
-        ds = pipeline.FileReader(found, cfg)(context)
+        ds = pipeline.file_reader(found, cfg)(context)
         return set(np.concatenate([y.numpy() for _, y in ds.take(10)]).tolist())
 
     assert labels(2, 0) == {0, 2} and labels(2, 1) == {1, 3}  # FILE: files 0, 2 and 1, 3
     assert labels(1, 0) == {0, 1, 2, 3}  # the control: one pipeline reads them all
-    reader = pipeline.FileReader(found, cfg)
+    reader = pipeline.file_reader(found, cfg)
     assert "sharded by FILE: each reads 2 of the 4" in reader.sharding_line(2)
     assert reader.sharding_line(5).startswith("warning: input: 5 pipelines (one per worker), sharded by DATA")
     assert labels(5, 4) == {0, 1, 2, 3}  # 5 pipelines, 4 files: each a share of every file
@@ -115,7 +115,7 @@ def test_a_batch_larger_than_a_decoding_chunk_holds_the_same_examples(shards):
 
     def first(batch: int, n: int, seed: int = 42):
         cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", f"trainer.batch_size={batch}", f"trainer.seed={seed}"))
-        got = list(pipeline.FileReader(files.scan(cfg.data, seed=0), cfg)().take(n))
+        got = list(pipeline.file_reader(files.scan(cfg.data, seed=0), cfg)().take(n))
         return np.concatenate([x.numpy() for x, _ in got]), np.concatenate([y.numpy() for _, y in got])
 
     assert pipeline.DECODE == 128
@@ -241,7 +241,7 @@ def test_a_bad_record_met_while_streaming_is_one_line_naming_it(shards, tmp_path
     (the task says it in one line: bad_data)."""
     import tensorflow as tf
 
-    from distrain.pipeline import FileReader, bad_data
+    from distrain.pipeline import bad_data, file_reader
 
     x, y = digits(64, seed=3)
     images, labels = list(x), [int(v) for v in y]
@@ -254,7 +254,7 @@ def test_a_bad_record_met_while_streaming_is_one_line_naming_it(shards, tmp_path
     bad = _shard(tmp_path / "bad.tfrecord", images, labels)
     cfg = make_cfg("data=tfrecord", f"data.train_files={bad}", f"data.test_files={shards}/test-*",
                    "data.num_classes=10", "data.shuffle_buffer=1", "trainer.batch_size=8")
-    reader = FileReader(files.scan(cfg.data, seed=0), cfg)
+    reader = file_reader(files.scan(cfg.data, seed=0), cfg)
     assert len(list(reader().take(5))) == 5  # the records before it stream
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
         list(reader().take(8))
@@ -270,13 +270,13 @@ def test_a_file_cut_short_after_the_scan_is_one_line(tmp_path):
     cut later (or only on a worker's machine) fails where it is read, in one line too."""
     import tensorflow as tf
 
-    from distrain.pipeline import FileReader, bad_data
+    from distrain.pipeline import bad_data, file_reader
 
     x, y = digits(64, seed=3)
     shard = _shard(tmp_path / "cut.tfrecord", list(x), [int(v) for v in y])
     cfg = make_cfg("data=tfrecord", f"data.train_files={shard}", f"data.test_files={shard}", "data.num_classes=10",
                    "trainer.batch_size=8")
-    reader = FileReader(files.scan(cfg.data, seed=0), cfg)
+    reader = file_reader(files.scan(cfg.data, seed=0), cfg)
     assert len(list(reader().take(8))) == 8  # the control: whole, it streams
     shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(tf.errors.DataLossError) as raised:
@@ -311,7 +311,7 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
     gone = tmp_path / "train-00001-of-00004.tfrecord"
     found.train_files = [found.train_files[0], str(gone)]
     with pytest.raises(tf.errors.NotFoundError) as raised:
-        list(pipeline.FileReader(found, cfg)().take(40))
+        list(pipeline.file_reader(found, cfg)().take(40))
     assert str(pipeline.unreadable_on_worker(raised.value, cfg.data)).startswith(
         f"a task cannot read the data file {gone}")
     assert pipeline.unreadable_on_worker(raised.value, make_cfg("data=synthetic").data) is None  # not files
@@ -329,7 +329,7 @@ def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):
                        *(["data.image_size=[28,28]", "data.channels=1"] if encoding == "raw" else []))
         found = files.scan(cfg.data, seed=0)
         assert found.encoded == (encoding == "png")
-        images, labels = next(iter(pipeline.FileReader(found, cfg, training=False)()))
+        images, labels = next(iter(pipeline.file_reader(found, cfg, training=False)()))
         np.testing.assert_array_equal(labels.numpy(), y)
         np.testing.assert_allclose(images.numpy(), x / 255.0, atol=1e-6)
 
@@ -349,12 +349,12 @@ def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards,
     cfg = make_cfg(*args, "trainer.batch_size=32")
     found = files.scan(cfg.data, seed=0)
     workers = Topology(parameter_servers=True, clustered=True, workers=2, ps=1)
-    assert len(list(pipeline.FileReader(found, cfg, topology=workers)(context).take(2))) == 2  # the control
+    assert len(list(pipeline.file_reader(found, cfg, topology=workers)(context).take(2))) == 2  # the control
     lacking = shards / "train-00009-of-00004.tfrecord" if kind == "tfrecord" else folder / "train" / "digit-3" / "x.png"
     found.train_files = [str(lacking), *found.train_files]
     found.train_labels = [3, *found.train_labels] if kind == "images" else []
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        list(pipeline.FileReader(found, cfg, topology=workers)(context).take(2))
+        list(pipeline.file_reader(found, cfg, topology=workers)(context).take(2))
     line = str(pipeline.bad_data(raised.value))
     n = len(found.train_files)
     where = "data.train_files" if kind == "tfrecord" else "data.path's train/ images"

@@ -12,7 +12,7 @@ from .context import RunContext
 from .errors import ConfigError
 from .files import FileData
 from .metrics import check_labels
-from .pipeline import ArrayReader, FileReader
+from .pipeline import InputReader, array_reader, file_reader
 
 
 class Arrays(NamedTuple):
@@ -35,7 +35,7 @@ class Arrays(NamedTuple):
     class_names = None
     streamed = False  # in memory: a parameter-server worker is sent them, or reads them from IDX files
 
-    def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> ArrayReader:
+    def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
         """The reader of the training split, else of the test split, or of the validation split where
         data.validation_split held one out."""
         if training:
@@ -44,7 +44,7 @@ class Arrays(NamedTuple):
             x, y = self.x_val, self.y_val
         else:
             x, y = self.x_test, self.y_test
-        return ArrayReader(x, y, cfg, training=training, **kwargs)
+        return array_reader(x, y, cfg, training=training, **kwargs)
 
     def test_steps(self, batch_size: int) -> None:
         """(Keras's evaluate counts the batches of arrays itself.)"""
@@ -66,9 +66,9 @@ class Files(NamedTuple):
     labels = "classes"
     streamed = True  # every task reads the files itself
 
-    def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> FileReader:
+    def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
         """The reader of the training split, else of the test split (validation reads the test files)."""
-        return FileReader(self.found, cfg, training=training, **kwargs)
+        return file_reader(self.found, cfg, training=training, **kwargs)
 
     def test_steps(self, batch_size: int) -> int:
         """Batches of the test split, for Keras's evaluate, which cannot count a stream's."""
@@ -84,7 +84,7 @@ def load_data(cfg, context: RunContext) -> Arrays | Files:
     if cfg.data.source in schema.FILE_SOURCES:
         content = context.run.read_data()
         found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
-        return Files(found, _steps(t, found.train_examples), FileReader(found, cfg).sample())
+        return Files(found, _steps(t, found.train_examples), file_reader(found, cfg).source.sample())
     (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, schema.labels_read(cfg.loss))
     labels = schema.labels_read(cfg.loss) or data_lib.labels_of(y_train)
     check_labels(cfg.loss, y_train)

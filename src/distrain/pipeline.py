@@ -1,11 +1,12 @@
-"""The input pipelines: every tf.data dataset a run trains or evaluates on is built here, by a reader
-(ArrayReader, FileReader) that turns a source and a tf.distribute.InputContext into the dataset of one
-input pipeline (as Model Garden's InputReader does). data.py loads the arrays without TensorFlow.
+"""The input pipelines: every tf.data dataset a run trains or evaluates on is built here, by the
+InputReader, which turns a source (ArraySource, FileSource: the examples, and how to decode them) and
+a tf.distribute.InputContext into the dataset of one input pipeline (as Model Garden's InputReader does). data.py loads the arrays without TensorFlow.
 """
 import glob
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -18,113 +19,152 @@ from .errors import ConfigError
 unconverted = tf.autograph.experimental.do_not_convert
 
 
-class ArrayReader:
-    """The dataset of one input pipeline, for strategy.distribute_datasets_from_function (training)
-    or for Keras's evaluate (test data, no context).
+class Part(NamedTuple):
+    """Which part of the training data an input pipeline reads: pipeline `index` of `pipelines`, in
+    batches of `batch`; own: a parameter-server worker's own shard, else its part of every global batch."""
+    pipelines: int
+    index: int
+    batch: int
+    own: bool
 
-    images, labels: the arrays data.load() gives; cfg: the run's config (trainer.batch_size and seed,
-    data.shuffle_buffer). training: shuffled, repeated, whole global batches; else each example once,
-    in order. skip: global batches already trained (a resumed synchronous run). topology (the run's,
-    context.Topology): under parameter servers each worker reads its own shard, from `files` (cfg.data
-    where it is IDX files, or data.TemporaryIdx) where those are files, checked against the
-    coordinator's fingerprints `expect`."""
 
-    def __init__(self, images, labels, cfg, *, training: bool = True, skip: int = 0, topology=None,
-                 files=None, expect=None):
-        self.images, self.labels, self.cfg = images, labels, cfg
-        self.training, self.skip, self.own_shards = training, skip, _own_shards(topology)
-        self.files, self.expect = files, expect  # (held for the run: `files` may own them, TemporaryIdx)
+class InputReader:
+    """The dataset of one input pipeline, for strategy.distribute_datasets_from_function (training) or
+    for Keras's evaluate (test data, no context), as Model Garden's InputReader makes it: the source
+    gives the examples and decodes them (ArraySource: arrays in memory; FileSource: TFRecord shards or
+    image files); which part of the data this pipeline reads, and the dataset's options, are decided
+    here, once, for both.
+
+    cfg: the run's config (trainer.batch_size and seed, data.shuffle_buffer). training: shuffled,
+    repeated, whole batches; else each example once, in order. skip: global batches already trained
+    (a resumed synchronous run). topology (context.Topology): under parameter servers each worker reads
+    its own shard, a batch per step of its own; synchronous pipelines each read their part of every
+    global batch, one per-replica batch per element."""
+
+    def __init__(self, source, cfg, *, training: bool = True, skip: int = 0, topology=None):
+        self.source, self.cfg, self.training, self.skip = source, cfg, training, skip
+        self.own_shards = topology.workers if topology is not None and topology.parameter_servers else 0
 
     def __call__(self, context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
-        t, shuffle = self.cfg.trainer, self.cfg.data.shuffle_buffer
+        t = self.cfg.trainer
         if not self.training:
-            return make_dataset(self.images, self.labels, t.batch_size, seed=t.seed)
-        if self.own_shards:  # runs on the worker: its own shard, a batch per step of its own
-            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            on_worker = read_train_files(self.files or self.cfg.data, (self.images, self.labels), self.expect)
-            return make_dataset(*(on_worker or (self.images, self.labels)),
-                                context.get_per_replica_batch_size(t.batch_size), seed=t.seed,
-                                shuffle_buffer=shuffle, repeat=True, shard=(self.own_shards, worker),
-                                n=len(self.labels))
-        # Synchronous: every pipeline builds the same shuffled global batches and keeps the slice for
-        # its own replicas, one per-replica batch per element: the global batch is exactly the one a
-        # single device would take. Every step is a full global batch (the remainder is dropped).
-        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
-        ds = make_dataset(self.images, self.labels, t.batch_size, seed=t.seed, drop_remainder=True, repeat=True,
-                          shuffle_buffer=shuffle, skip=self.skip,
-                          part=(context.input_pipeline_id, context.num_input_pipelines))
-        return ds.rebatch(context.get_per_replica_batch_size(t.batch_size)) if replicas_here > 1 else ds
+            return _finish(self.source.test(self.cfg), training=False)
+        if self.own_shards:  # runs on the worker
+            part = Part(self.own_shards, tf.distribute.coordinator.experimental_get_current_worker_index(),
+                        context.get_per_replica_batch_size(t.batch_size), own=True)
+        else:
+            pipelines, index = (context.num_input_pipelines, context.input_pipeline_id) if context else (1, 0)
+            part = Part(pipelines, index, t.batch_size // pipelines, own=False)
+        ds = self.source.train(part, self.cfg, self.skip)
+        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines if context else 1
+        if replicas_here > 1 and not part.own:
+            ds = ds.rebatch(context.get_per_replica_batch_size(t.batch_size))
+        return _finish(ds, training=True)
 
     def sharding_line(self, pipelines: int) -> str:
-        """(Every synchronous pipeline builds the same global batches and keeps its slice: nothing to say.)"""
+        """How `pipelines` input pipelines share the training data, in one line ("" where there is
+        nothing to say)."""
+        return self.source.sharding_line(pipelines)
+
+
+def _finish(ds: tf.data.Dataset, training: bool) -> tf.data.Dataset:
+    options = tf.data.Options()
+    options.deterministic = True  # (the same batches on every run: exact resume)
+    # Sharded here already (training), or evaluated whole: tf.distribute splits the test data by element,
+    # the same way on every worker (never by FILE).
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF if training \
+        else tf.data.experimental.AutoShardPolicy.DATA
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+class ArraySource:
+    """Arrays in memory (data.load()), each batch gathered and normalised from them by index. Under
+    parameter servers a worker reads them itself where they are `files` (cfg.data where it is IDX
+    files, or data.TemporaryIdx), checked against the coordinator's fingerprints `expect`."""
+
+    def __init__(self, images, labels, files=None, expect=None):
+        self.images, self.labels = images, labels
+        self.files, self.expect = files, expect  # (held for the run: `files` may own them, TemporaryIdx)
+
+    def test(self, cfg) -> tf.data.Dataset:
+        return make_dataset(self.images, self.labels, cfg.trainer.batch_size, seed=cfg.trainer.seed)
+
+    def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
+        t, shuffle = cfg.trainer, cfg.data.shuffle_buffer
+        if part.own:
+            on_worker = read_train_files(self.files or cfg.data, (self.images, self.labels), self.expect)
+            return make_dataset(*(on_worker or (self.images, self.labels)), part.batch, seed=t.seed,
+                                shuffle_buffer=shuffle, repeat=True, shard=(part.pipelines, part.index),
+                                n=len(self.labels))
+        # Every pipeline builds the same shuffled global batches and keeps its part: the global batch is
+        # exactly the one a single device would take. Every step is a full global batch (the remainder
+        # is dropped).
+        return make_dataset(self.images, self.labels, t.batch_size, seed=t.seed, drop_remainder=True, repeat=True,
+                            shuffle_buffer=shuffle, skip=skip, part=(part.index, part.pipelines))
+
+    def sharding_line(self, pipelines: int) -> str:
         return ""
 
 
-def _own_shards(topology) -> int:
-    """Under parameter servers, the workers that each read their own shard of the training data (each
-    step a batch of its own); 0 for synchronous input pipelines, which share every global batch."""
-    return topology.workers if topology is not None and topology.parameter_servers else 0
+def array_reader(images, labels, cfg, *, files=None, expect=None, **kwargs) -> InputReader:
+    return InputReader(ArraySource(images, labels, files, expect), cfg, **kwargs)
 
 
-class FileReader:
+def file_reader(found, cfg, **kwargs) -> InputReader:
+    return InputReader(FileSource(found, cfg.data, cfg.trainer.seed), cfg, **kwargs)
+
+
+class FileSource:
     """Data in files (files.FileData: TFRecord shards, or image files with their class indices), streamed:
     the files interleaved in parallel, records shuffled in a bounded buffer (data.shuffle_buffer),
     decoded in parallel after that (so that skipping the batches a resumed run trained costs no
-    decoding), batched and prefetched. Same arguments and calls as ArrayReader.
+    decoding), batched and prefetched.
 
     Sharded as tf.distribute means it: each input pipeline (a multi_worker_mirrored worker, a
     parameter-server worker) reads its own files where there are at least as many files as pipelines
     (FILE), else its share of every file's records (DATA)."""
 
-    def __init__(self, found, cfg, *, training: bool = True, skip: int = 0, topology=None):
-        self.found, self.cfg, self.training, self.skip = found, cfg, training, skip
-        self.own_shards = _own_shards(topology)
+    def __init__(self, found, data, seed: int):
+        self.found, self.data, self.seed = found, data, seed  # (seed: the files' order each pass)
 
-    def __call__(self, context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
-        t, found = self.cfg.trainer, self.found
-        if not self.training:
-            ds = self._records(found.test_files, found.test_labels, shuffle=False).batch(t.batch_size)
-            return self._finish(ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE))
-        if self.own_shards:  # a parameter-server worker: its own share, a batch per step of its own
-            pipelines, index = self.own_shards, tf.distribute.coordinator.experimental_get_current_worker_index()
-            batch = context.get_per_replica_batch_size(t.batch_size)
-        else:
-            pipelines, index = (context.num_input_pipelines, context.input_pipeline_id) if context else (1, 0)
-            batch = t.batch_size // pipelines
+    def test(self, cfg) -> tf.data.Dataset:
+        ds = self._records(self.found.test_files, self.found.test_labels, shuffle=False).batch(cfg.trainer.batch_size)
+        return ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
+        t, found, data = cfg.trainer, self.found, self.data
+        pipelines, index, batch = part.pipelines, part.index, part.batch
         files, labels = list(found.train_files), list(found.train_labels)
         if pipelines > 1 and len(files) >= pipelines:  # FILE: files index, index + pipelines, ...
-            ds = self._records(files, labels, shuffle=bool(self.cfg.data.shuffle_buffer), shard=(pipelines, index))
+            ds = self._records(files, labels, shuffle=bool(data.shuffle_buffer), shard=(pipelines, index),
+                               check=part.own)
         else:  # DATA: every file, one record in `pipelines`
-            ds = self._records(files, labels, shuffle=bool(self.cfg.data.shuffle_buffer))
+            ds = self._records(files, labels, shuffle=bool(data.shuffle_buffer), check=part.own)
             if pipelines > 1:
                 ds = ds.shard(pipelines, index)
-        cache = self.cfg.data.get("cache")
+        cache = data.get("cache")
         if cache:  # decoded once, the first epoch; then read from the cache
             ds = ds.batch(DECODE).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
             ds = ds.cache("" if cache == "memory" else cache)
-        if self.cfg.data.shuffle_buffer:
-            ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True)
+        if data.shuffle_buffer:
+            ds = ds.shuffle(data.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True)
         ds = ds.repeat()
-        if self.skip:  # a resumed run: the batches already trained, passed over as records
-            ds = ds.skip(self.skip * batch)
+        if skip:  # a resumed run: the batches already trained, passed over as records
+            ds = ds.skip(skip * batch)
         if cache:
-            ds = ds.batch(batch, drop_remainder=True)
-        elif batch <= DECODE:  # a batch's records parsed together (2.2x faster than one by one, measured)
-            ds = ds.batch(batch, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
-        else:  # in chunks of DECODE records (a larger batch's unrolled decoding is slow to build)
-            ds = ds.batch(DECODE, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
-            ds = ds.unbatch().batch(batch, drop_remainder=True)
-        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines if context else 1
-        if replicas_here > 1 and not self.own_shards:
-            ds = ds.rebatch(context.get_per_replica_batch_size(t.batch_size))
-        return self._finish(ds)
+            return ds.batch(batch, drop_remainder=True)
+        if batch <= DECODE:  # a batch's records parsed together (2.2x faster than one by one, measured)
+            return ds.batch(batch, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
+        # in chunks of DECODE records (a larger batch's unrolled decoding is slow to build)
+        ds = ds.batch(DECODE, drop_remainder=True).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.unbatch().batch(batch, drop_remainder=True)
 
     def _same_files(self):
         """A check, run where the worker reads its data: its machine holds the training files the launcher
         found for the coordinator, by name (a worker on another machine may see other files): TFRecord
         shards that data.train_files matches there, no fewer and no more; each image of data.path's train/
         (others there may be held out by data.test_split, or not be images)."""
-        data, images = self.cfg.data, self.found.kind == "images"
+        data, images = self.data, self.found.kind == "images"
         where = "data.path's train/ images" if images else "data.train_files"
         patterns = sorted({os.path.join(glob.escape(os.path.dirname(f)), "*") for f in self.found.train_files}) \
             if images else [os.path.abspath(os.path.expanduser(p)) for p in files.patterns(data.train_files)]
@@ -150,12 +190,13 @@ class FileReader:
             if files >= pipelines else f"DATA: each reads all {files} training file(s) and keeps 1 record in "
             f"{pipelines} (fewer files than workers; as many files as workers would spare the reading)")
 
-    def _records(self, files: list, labels: list, shuffle: bool, shard=None) -> tf.data.Dataset:
+    def _records(self, files: list, labels: list, shuffle: bool, shard=None, check: bool = False) -> tf.data.Dataset:
         """Image files: (path, label) pairs; TFRecord files: (file, index, serialized record), interleaved.
-        shuffle: the files in a new seeded order each pass. shard: (pipelines, this one), of the files."""
+        shuffle: the files in a new seeded order each pass. shard: (pipelines, this one), of the files.
+        check: a parameter-server worker's, which first checks that it sees the coordinator's files."""
         images = self.found.kind == "images"
         slices = (files, tf.constant(labels, tf.int32)) if images else files
-        if self.own_shards and self.training:  # a parameter-server worker, before it reads any
+        if check:  # a parameter-server worker, before it reads any
             ds = tf.data.Dataset.from_tensors(0).map(unconverted(lambda _: self._same_files())).flat_map(
                 unconverted(lambda _: tf.data.Dataset.from_tensor_slices(slices)))
         else:
@@ -163,7 +204,7 @@ class FileReader:
         if shard is not None:
             ds = ds.shard(*shard)
         if shuffle:
-            ds = ds.shuffle(len(files), seed=self.cfg.trainer.seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(len(files), seed=self.seed, reshuffle_each_iteration=True)
         if images:
             return ds
         return ds.interleave(unconverted(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))),
@@ -176,7 +217,7 @@ class FileReader:
         data.image_size), and their labels. A record or image that does not fit is an error naming it
         (bad_data says it in one line)."""
         raws, labels, where, checks = self._read(batch)
-        data, (height, width, channels) = self.cfg.data, self.found.shape
+        data, (height, width, channels) = self.data, self.found.shape
         whole = batch[0].shape[0]  # the batch's size, where it is known (training's whole batches)
         if not self.found.encoded:  # raw pixels, data.image_size x data.channels: the batch at once
             with tf.control_dependencies(checks):
@@ -211,7 +252,7 @@ class FileReader:
     def _read(self, batch):
         """(A batch's raw images and labels, where each came from (for an error line), and the checks of
         its records: a feature missing, a label out of range, not an image, raw pixels of another size)."""
-        data, found = self.cfg.data, self.found
+        data, found = self.data, self.found
         height, width, channels = found.shape
         whole = batch[0].shape[0]
         if found.kind == "images":
@@ -239,14 +280,6 @@ class FileReader:
             checks.append(_check(tf.strings.length(raws) == size, where, lambda i: tf.strings.format(
                 "holds {} raw bytes, not {}", (tf.strings.length(raws[i]), size)), "fix data.image_size and data.channels"))
         return raws, labels, where, checks
-
-    def _finish(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        options = tf.data.Options()
-        options.deterministic = True  # (the same batches on every run: exact resume)
-        # Sharded here already (training), or evaluated whole: tf.distribute must not shard again by FILE.
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA if \
-            not self.training else tf.data.experimental.AutoShardPolicy.OFF
-        return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
     def sample(self, n: int = 2):
         """A few decoded test images, as a numpy array (what check_model runs the model on)."""
@@ -373,8 +406,9 @@ def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
 
 def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None,
                  part=None, drop_remainder=False, skip=0, n=None):
-    """The pipeline every reader builds: shuffle (fixed seed) and batch example indices, then gather
-    and normalise each batch from the in-memory arrays (data.load() gives them), prefetching ahead of the model.
+    """The examples of arrays in memory (data.load() gives them): shuffle (fixed seed) and batch example
+    indices, then gather and normalise each batch from the arrays (InputReader prefetches and sets the
+    options).
 
     Shuffling indices rather than images is cheap, and lets a worker build only its own part of
     each batch: part=(i, n) keeps slice i of n of every batch, in order, so n sync workers together
@@ -405,9 +439,4 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
         x = tf.cast(tf.gather(images, idx), tf.float32)
         return (x / 255.0 if pixels else x), tf.gather(labels, idx)
 
-    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.deterministic = True
-    # Evaluation data goes to strategies whole: split it by element, the same way on every worker.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+    return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
