@@ -119,6 +119,18 @@ def test_the_one_hot_loss_given_class_indices_is_one_line():
     check_labels(node, np.eye(3, dtype=np.float32))  # the control: one-hot rows
 
 
+def test_the_binary_loss_given_class_indices_is_one_line():
+    """MNIST's labels 0-9 under loss=binary_crossentropy would train on a loss that goes negative."""
+    from distrain.errors import ConfigError
+    from distrain.metrics import check_labels
+
+    node = make_cfg("loss=binary_crossentropy").loss
+    with pytest.raises(ConfigError, match=r"^loss=binary_crossentropy reads labels from 0 to 1 \(one per output\), "
+                                          r"but these run from 0 to 9: use loss=sparse_categorical_crossentropy"):
+        check_labels(node, np.arange(10, dtype=np.int32)[:, None])
+    check_labels(node, np.array([[0, 1, 1], [1, 0, 0]], np.float32))  # the control: rows of 0/1
+
+
 def test_a_sweeps_objective_must_be_a_number_its_runs_report():
     from distrain.config import check_objective
     from distrain.errors import ConfigError

@@ -226,11 +226,12 @@ def describe(cfg: DictConfig) -> str:
     for group in SCHEMAS:
         node = cfg.get(group)
         try:
-            schema, _, arguments = split(group, node)
+            schema, keys, arguments = split(group, node)
         except ConfigError:
             continue
+        keys = {**_defaults(schema), **keys}  # (a replaced option's keys are gone: the new class's defaults)
         lines.append(f"{group}:")
-        lines += [line(schema, f.name, OmegaConf.select(node, f.name), "  ") for f in dataclasses.fields(schema)]
+        lines += [line(schema, f.name, keys.get(f.name), "  ") for f in dataclasses.fields(schema)]
         lines += [f"  {k}: {_shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
     for group in ENTRIES:
         lines.append(f"{group}:  (named entries: a tf_keras class each, and its arguments)")
