@@ -390,6 +390,9 @@ def test_bad_input_is_one_error_line_with_a_fix(tmp_path, monkeypatch, capfd, ca
     assert seconds < (TENSORFLOW_SECONDS if name in NEEDS_TENSORFLOW else CONFIG_SECONDS), seconds
     if name not in NEEDS_TENSORFLOW and run_dir:
         assert not (run_dir / "logs").exists()  # found before any task started
+    status = run_dir / "status.json" if run_dir else None
+    if status and status.exists():  # the line that named the cause, also where a task found it
+        assert json.loads(status.read_text())["error"] == errors[0], status.read_text()
     assert_nothing_left(tmp_path)
 
 

@@ -51,6 +51,9 @@ def test_write_tfrecords_takes_the_flags_a_run_takes(tmp_path):
     written = command("--config-dir", "conf", "data=tiny", "data.test_examples=16", f"out={tmp_path / 'out'}",
                       "shards=2")
     assert written.returncode == 0 and "train: 64 examples in 2 file(s)" in written.stdout, written.stderr[-2000:]
+    # TensorFlow's start-up lines (oneDNN, CUDA probes) go to a log, as a run's go to logs/; this command's own
+    # lines still reach the terminal (the bad input's line above, the control).
+    assert not written.stderr.strip() and (tmp_path / "out" / "write-tfrecords.log").is_file(), written.stderr
 
 
 def test_cfg_job_prints_a_valid_config_and_runs_nothing(tmp_path):

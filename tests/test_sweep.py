@@ -246,7 +246,8 @@ def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_pat
     assert tfrecords.main(["data=synthetic", "data.train_examples=512", "data.test_examples=128", f"out={shards}",
                            "shards=3"], lambda overrides: make_cfg(*overrides)) == 0
     assert sorted(p.name for p in shards.iterdir()) == \
-        [f"test-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
+        [f"test-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"train-0000{i}-of-00003.tfrecord" for i in range(3)] \
+        + ["write-tfrecords.log"]
     sweep_dir = tmp_path / "sweep"
     out = multirun(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
                    *(o for o in TINY if not o.startswith("data")), "data=tfrecord",

@@ -378,8 +378,11 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
             if task.alone and code != 2:  # the last worker
                 error = (f"{restarts.spent(why, task)}, and no other worker is left; raise cluster.max_restarts, "
                          "or read the workers' logs for why they die")
-            outcome = Outcome(code, "failed", error, task.log_tail())
-            said = any(map(is_error, outcome.log_tail))  # its own line: enough
+            tail = task.log_tail()
+            said = [line for line in tail if is_error(line)]
+            if said and code == 2:  # the task named the cause itself (bad input it found): that is the error
+                error = said[-1]
+            outcome = Outcome(code, "failed", error, tail)
             if (len(tasks) > 1 or task.hung) and not said:  # (its lines were mixed with the others')
                 print_failure(outcome, task.log_path)
             return outcome

@@ -11,6 +11,12 @@ image/width, image/channels; uint8 images as they are, float images in [0, 1] sc
 """
 from pathlib import Path
 
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+
 import numpy as np
 
 from .errors import ConfigError, print_error
@@ -53,12 +59,32 @@ def _ints(value: int):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
 
 
+@contextlib.contextmanager
+def tensorflow_lines_to(out: Path):
+    """TensorFlow's own lines (its C++ start-up: oneDNN, CUDA probes) into OUT/write-tfrecords.log, not
+    the terminal, as a run keeps them in its logs/; this command's lines, Python's, still reach stderr.
+    Where nothing was written (bad input), the log goes too."""
+    log = tempfile.NamedTemporaryFile(prefix="write-tfrecords-", suffix=".log", delete=False)
+    terminal, python_stderr = os.dup(2), sys.stderr
+    os.dup2(log.fileno(), 2)
+    sys.stderr = os.fdopen(os.dup(terminal), "w", buffering=1)
+    try:
+        yield
+    finally:
+        sys.stderr.close()
+        sys.stderr = python_stderr
+        os.dup2(terminal, 2)
+        os.close(terminal)
+        log.close()
+        if out.is_dir():
+            shutil.move(log.name, out / "write-tfrecords.log")
+        else:
+            os.unlink(log.name)
+
+
 def main(argv: list, compose, help: bool = False) -> int:
     """The command: argv its key=value arguments, compose(overrides) the run's config of the others (as
     cli.py composes a run's, --config-dir included); help: print the usage."""
-    from . import data
-    from .config import validate
-
     options = dict(a.split("=", 1) for a in argv if a.split("=", 1)[0] in OPTIONS)
     overrides = [a for a in argv if a.split("=", 1)[0] not in OPTIONS]
     if help:
@@ -79,8 +105,16 @@ def main(argv: list, compose, help: bool = False) -> int:
                     "(no decoding)")
         return 2
     raw = options.get("encoding") == "raw"
+    with tensorflow_lines_to(Path(options["out"])):
+        return _write(compose(overrides), Path(options["out"]), shards, raw)
+
+
+def _write(cfg, out: Path, shards: int, raw: bool) -> int:
+    from . import data
+    from .config import validate
+
     try:
-        cfg = validate(compose(overrides))
+        cfg = validate(cfg)
         if cfg.data.source in FILE_SOURCES:
             raise ConfigError(f"data={cfg.data.name} is in files already: write-tfrecords takes an array source "
                               "(bundled, keras, idx, npz, a loader, synthetic)")
@@ -90,7 +124,6 @@ def main(argv: list, compose, help: bool = False) -> int:
     except ConfigError as exc:
         print_error(str(exc))
         return 2
-    out = Path(options["out"])
     for split, (x, y) in (("train", (x_train, y_train)), ("test", (x_test, y_test))):
         paths = write(x, y, out, split, min(shards, len(y)), raw)
         print(f"{split}: {len(y)} examples in {len(paths)} file(s) {out / split}-*.tfrecord", flush=True)
