@@ -146,8 +146,9 @@ CASES = [
      "reads other labels: set metrics=regression"),
     ("target-argument-typo", ["optimizer._target_=tf_keras.optimizers.SGD", "+optimizer.momentun=0.9"],
      "optimizer.momentun is not an argument of tf_keras.optimizers.SGD (it takes "),
-    ("callback-argument", ["+callbacks.stop={_target_: tf_keras.callbacks.EarlyStopping, monitor: loss, patiense: 2}"],
-     "callbacks.stop.patiense is not an argument of tf_keras.callbacks.EarlyStopping (it takes "),
+    ("callback-argument", ["+callbacks.stop={_target_: tf_keras.callbacks.EarlyStopping, monitor: loss, every: 2}"],
+     "callbacks.stop.every is not an argument of tf_keras.callbacks.EarlyStopping (it takes baseline, min_delta, "
+     "mode, monitor, patience, restore_best_weights, start_from_epoch, verbose): drop callbacks.stop.every"),
     ("metric-no-target", ["+metrics.foo=3"], "metrics.foo must be a _target_ (module.Class) and its arguments"),
     ("metrics-typo", ["metric=regression"], "metric is not a key of the config: set e.g. metrics=accuracy"),
     ("loss-option", ["loss=mse"], "loss=mse is not an option of loss (binary_crossentropy, categorical_crossentropy"),
