@@ -126,12 +126,12 @@ def test_a_failed_first_job_is_a_failed_row_and_the_others_still_run(device_swee
     rows = read_csv(sweep_dir / "summary.csv")
     assert [(r["strategy.device"], r["status"], r["exit_status"]) for r in rows] == [
         ("/tpu:0", "failed", "2"), ("/cpu:0", "ok", "0")]
-    assert "task train exited with status 2" in rows[0]["error"]
+    assert rows[0]["error"].startswith("error: device /tpu:0 is not on this machine")  # the line naming the cause
     assert "error: device /tpu:0 is not on this machine" in rows[0]["log_tail"]  # the end of its log
     assert float(rows[1]["test_accuracy"]) > 0
     md = (sweep_dir / "summary.md").read_text()
     assert "## Job 0: failed (exit status 2)" in md and "device /tpu:0 is not on this machine" in md
-    assert "job 0: failed: task train exited with status 2" in out.stdout
+    assert "job 0: failed: device /tpu:0 is not on this machine" in out.stdout
     assert is_png(sweep_dir / "scaling.png")  # accuracy against the swept value, from the ok job
     assert_nothing_left(sweep_dir)
 

@@ -18,6 +18,7 @@ from hydra.experimental.callback import Callback
 from .report import logs_for_tensorboard, test_numbers
 from .rundir import STATUS, RunDir
 from .errors import print_error
+from .protocol import ERROR
 from .storage import record, write_atomic
 
 MEASURES = [  # summary column <- results.json key
@@ -126,7 +127,8 @@ def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
     print("\n".join([f"Sweep summary ({len(rows)} job(s), {len(summary.failed)} not ok): {sweep_dir}",
                      *summary.notes, table]), file=out)
     for row in summary.failed:
-        print(f"job {row['job']}: {row['status']}: {row['error'] or 'see ' + row['run_dir']}", file=out)
+        said = (row["error"] or "").removeprefix(ERROR).strip()
+        print(f"job {row['job']}: {row['status']}: {said or 'see ' + row['run_dir']}", file=out)
     print(f"written: summary.csv, summary.md{', ' + picture.name if picture else ''}", file=out, flush=True)
     if sessions:
         print(f"TensorBoard's HParams dashboard ({sessions} job(s)): tensorboard --logdir {sweep_dir}", file=out,
