@@ -145,3 +145,24 @@ def test_a_users_loss_lets_the_labels_say_what_they_are():
     assert labels_of(np.array([[0, 1, 0], [1, 0, 0]])) == "one_hot"
     assert labels_of(np.array([[0, 1, 1], [1, 0, 0]], np.float32)) == "binary"
     assert labels_of(np.array([0.5, 1.25])) == "values" and labels_of(np.array([[0.5], [2.0]])) == "values"
+
+
+def test_where_the_labels_cannot_tell_the_line_names_the_key_that_settles_it():
+    """Float labels 0., 1., 2. under a loss of the user's look like values: the model gets one output and
+    the loss fails; the line says data.num_classes settles it, and with it set they are class indices."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from distrain.metrics import check_loss
+
+    own = make_cfg("loss._target_=usercode.Focal")
+    assert labels_read(own.loss, own.data) is None
+    assert labels_read(own.loss, make_cfg("data.num_classes=3").data) == "classes"  # the key that settles it
+    assert labels_read(make_cfg("loss=huber").loss, make_cfg("data.num_classes=3").data) == "values"  # a built-in's own
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    labels, outputs = np.array([[2.0], [1.0]], np.float32), tf.zeros((2, 1))
+    with pytest.raises(ConfigError, match=r"these were taken for values \(regression\); if they are class indices, "
+                                          r"set data.num_classes=K"):
+        check_loss(loss, labels, outputs, "usercode.Focal", guessed="values")
+    with pytest.raises(ConfigError, match=r"give the model's last layer as many units"):  # the control: a built-in's
+        check_loss(loss, labels, outputs, "sparse_categorical_crossentropy")

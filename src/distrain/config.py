@@ -172,7 +172,7 @@ FITTING = {"one_hot": "categorical", "binary": "binary", "values": "regression"}
 def check_metrics_fit_loss(cfg) -> None:
     """A metric of class indices beside a built-in loss of other labels would measure nonsense silently;
     data in files holds class indices, which a loss of other labels cannot read."""
-    loss, labels = cfg.loss.get("name") or cfg.loss._target_, schema.labels_read(cfg.loss)
+    loss, labels = cfg.loss.get("name") or cfg.loss._target_, schema.labels_read(cfg.loss, cfg.data)
     for name, entry in (cfg.get("metrics") or {}).items():
         if labels in FITTING and entry != "auto" and entry.get("_target_") in CLASS_INDEX_METRICS:
             raise ConfigError(f"metrics.{name} ({entry._target_}) reads integer class labels, but loss={loss} reads "
@@ -185,7 +185,7 @@ def check_metrics_fit_loss(cfg) -> None:
 
 def metric_names(cfg) -> list:
     """The metrics a run logs: its entries, but for an `auto` accuracy that the loss's labels have none of."""
-    labels = schema.labels_read(cfg.loss)
+    labels = schema.labels_read(cfg.loss, cfg.data)
     return [name for name, entry in (cfg.get("metrics") or {}).items()
             if not (entry == "auto" and labels and schema.ACCURACY[labels] is None)]
 

@@ -85,8 +85,9 @@ def load_data(cfg, context: RunContext) -> Arrays | Files:
         content = context.run.read_data()
         found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
         return Files(found, _steps(t, found.train_examples), file_reader(found, cfg).source.sample())
-    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, schema.labels_read(cfg.loss))
-    labels = schema.labels_read(cfg.loss) or data_lib.labels_of(y_train)
+    reads = schema.labels_read(cfg.loss, cfg.data)
+    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, reads)
+    labels = reads or data_lib.labels_of(y_train)
     check_labels(cfg.loss, y_train)
     classes = data_lib.num_classes(cfg.data, (y_train, y_test), labels == "classes")
     x_val = y_val = None

@@ -166,8 +166,8 @@ def _settled(cfg, run_dir: Path, job: Job | None, overrides) -> tuple:
     source, why = data.resolve_source(cfg.data)
     cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
     # (a ps task elsewhere needs no data; a task elsewhere scans its files itself)
-    found = data.check_files(cfg.data, cfg.trainer.seed, schema.labels_read(cfg.loss)) if Topology.of(cfg).local \
-        else None
+    reads = schema.labels_read(cfg.loss, cfg.data)
+    found = data.check_files(cfg.data, cfg.trainer.seed, reads) if Topology.of(cfg).local else None
     return cfg, found, why
 
 

@@ -82,8 +82,9 @@ def check_labels(node, labels) -> None:
                           "indices, or give rows of 0/1")
 
 
-def check_loss(loss, labels, outputs, name: str) -> None:
-    """The loss takes the model's outputs for these labels, one value per example; else a ConfigError."""
+def check_loss(loss, labels, outputs, name: str, guessed: str = "") -> None:
+    """The loss takes the model's outputs for these labels, one value per example; else a ConfigError.
+    guessed: what the labels were taken for, where a loss of the user's did not say (data.labels_of)."""
     try:
         values = loss(tf.convert_to_tensor(labels), outputs)
         ok = tuple(values.shape) == (len(labels),)
@@ -92,6 +93,11 @@ def check_loss(loss, labels, outputs, name: str) -> None:
     else:
         why = f" (it gives values of shape {tuple(values.shape)}, not one per example)"
     if not ok:
+        if guessed:  # the key that settles what they are
+            raise ConfigError(f"loss={name} does not fit the model's outputs {tuple(outputs.shape)} and the labels "
+                              f"{tuple(labels.shape)}{why}: a loss of your own does not say what its labels are, and "
+                              f"these were taken for {KINDS[guessed]}; if they are class indices, set "
+                              "data.num_classes=K (the model then gets K outputs)")
         raise ConfigError(f"loss={name} does not fit the model's outputs {tuple(outputs.shape)} and the labels "
                           f"{tuple(labels.shape)}{why}: give the model's last layer as many units as a label has values "
                           "(num_classes, which distrain passes to the builder), or choose the loss for these labels")

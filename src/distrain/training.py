@@ -119,7 +119,8 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
               "outputs' type: give its last layer dtype='float32' (as Keras's mixed-precision guide says), or set "
               "trainer.mixed_precision=false", flush=True)
     outputs = tf.cast(outputs, tf.float32)
-    check_loss(loss, data.sample_labels, outputs, schema.label(cfg.loss))
+    guessed = "" if schema.labels_read(cfg.loss, cfg.data) else data.labels
+    check_loss(loss, data.sample_labels, outputs, schema.label(cfg.loss), guessed)
     check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
     train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally)

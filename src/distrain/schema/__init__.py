@@ -76,10 +76,13 @@ def register() -> None:
             store.store(group=f"schema/{group}", name=option, node=defaults(schema) if group in OWN else schema)
 
 
-def labels_read(loss) -> str | None:
-    """What the config's loss reads (LABELS), or None for a loss of the user's."""
+def labels_read(loss, data=None) -> str | None:
+    """What the config's loss reads (LABELS); for a loss of the user's, class indices where data.num_classes
+    counts the classes, else None: the labels themselves decide (data.labels_of)."""
     found = [s for s in SCHEMAS["loss"].values() if defaults(s)["_target_"] == loss.get("_target_")]
-    return found[0].labels if found else None
+    if found:
+        return found[0].labels
+    return "classes" if data is not None and data.get("num_classes") else None
 
 
 def label(node) -> str:
