@@ -157,11 +157,6 @@ def _check_own(group: str, node: dict) -> None:
                           "or use data=npz data.path=FILE.npz")
 
 
-def own_node(group: str, node) -> tuple[dict, dict]:
-    """A model or data node: (the keys distrain reads, the builder's or loader's arguments)."""
-    return split(group, node)[1:]
-
-
 def check(cfg: DictConfig) -> DictConfig:
     """The config, resolved, with every value converted to its schema's type (enums as their names).
     Raises a one-line ConfigError for a key the schema does not have, a value of the wrong type (in a

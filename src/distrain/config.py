@@ -21,9 +21,8 @@ from .schema import StrategyName
 OmegaConf.register_new_resolver("distrain.mul", lambda a, b: a * b, replace=True)
 
 
-def configured_replicas(cfg: DictConfig):
+def configured_replicas(strategy: DictConfig, topology: Topology):
     """Replicas implied by the config alone, or None when it depends on the GPUs present."""
-    strategy, topology = cfg.strategy, Topology.of(cfg)
     if strategy.name in (StrategyName.default, StrategyName.one_device) or topology.parameter_servers:
         return 1
     if topology.clustered:
@@ -39,7 +38,7 @@ def configured_replicas(cfg: DictConfig):
 def validate(cfg: DictConfig) -> DictConfig:
     """The checked config (resolved, values of their schema's types), or a one-line ConfigError."""
     cfg = _renamed(checking.check(cfg))
-    for group in ("model", "data", "optimizer", "schedule", "loss"):
+    for group in schema.OWN:
         if cfg[group].get("_target_"):
             check_importable(f"{group}._target_", cfg[group]._target_)
     for group in ("metrics", "callbacks"):
@@ -50,10 +49,11 @@ def validate(cfg: DictConfig) -> DictConfig:
     check_monitors(cfg)
     check_metrics_fit_loss(cfg)
     check_trainer(cfg)
-    check_devices(cfg.strategy, cfg.trainer.jit_compile, Topology.of(cfg).parameter_servers)
+    topology = Topology.of(cfg)
+    check_devices(cfg.strategy, cfg.trainer.jit_compile, topology.parameter_servers)
     if cfg.cluster.name == "local":
-        check_local_cluster(cfg)
-    check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg))
+        check_local_cluster(cfg, topology)
+    check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg.strategy, topology))
     check_devices_present(cfg.strategy)
     return cfg
 
@@ -125,9 +125,9 @@ def check_devices(strategy: DictConfig, jit_compile: bool, parameter_servers: bo
                           "'strategy.devices=[/cpu:0,/cpu:1]', each device once")
 
 
-def check_local_cluster(cfg) -> None:
+def check_local_cluster(cfg, topology: Topology) -> None:
     """A local cluster has its ps task, an evaluator has checkpoints, and the tasks fit the cores."""
-    c, topology = cfg.cluster, Topology.of(cfg)
+    c = cfg.cluster
     if c.evaluator and not cfg.trainer.save_model:
         raise ConfigError("cluster.evaluator=true evaluates the checkpoints that trainer.save_model=true "
                           "writes: set trainer.save_model=true")

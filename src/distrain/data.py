@@ -18,11 +18,10 @@ import numpy as np
 
 from omegaconf import OmegaConf
 
-from . import storage
+from . import checking, storage
 from .config import instantiate
 from .errors import ConfigError
 from .process import scratch
-from .checking import own_node
 from .schema import FILE_SOURCES, label
 
 BUNDLED = Path(__file__).parent / "data" / "mnist-10k.npz"
@@ -127,7 +126,7 @@ NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the layout of Keras's
 
 def _call_loader(data):
     """A user's loader, called with the data node's other keys: ((x_train, y_train), (x_test, y_test))."""
-    own, arguments = own_node("data", data)
+    _, own, arguments = checking.split("data", data)  # (the keys distrain reads, the loader's arguments)
     splits = instantiate("data._target_", OmegaConf.create({"_target_": own["_target_"], **arguments}),
                          "it must name a function module.name importable from this directory or PYTHONPATH, "
                          "taking the data node's other keys")

@@ -73,10 +73,11 @@ def check_labels(node, labels) -> None:
     """Labels a built-in cross-entropy would misread without an error: class indices given to the
     one-hot loss (a model of one output, whose softmax is always 1), or labels outside [0, 1] to the
     binary one (its loss goes negative, and training follows it)."""
-    if labels_read(node) == "one_hot" and (labels.ndim != 2 or labels.shape[1] < 2):
+    reads = labels_read(node)
+    if reads == "one_hot" and (labels.ndim != 2 or labels.shape[1] < 2):
         raise ConfigError(f"loss=categorical_crossentropy reads one-hot label rows (N, classes), not labels of shape "
                           f"{labels.shape}: use loss=sparse_categorical_crossentropy for class indices")
-    if labels_read(node) == "binary" and labels.size and (labels.min() < 0 or labels.max() > 1):
+    if reads == "binary" and labels.size and (labels.min() < 0 or labels.max() > 1):
         raise ConfigError(f"loss=binary_crossentropy reads labels from 0 to 1 (one per output), but these run from "
                           f"{labels.min():g} to {labels.max():g}: use loss=sparse_categorical_crossentropy for class "
                           "indices, or give rows of 0/1")
@@ -144,8 +145,6 @@ def check_metrics_read_the_outputs(node, probabilities: bool) -> None:
     if probabilities:
         return
     for name, entry in (node or {}).items():
-        if entry == "auto":  # (pick_accuracy makes it fit the outputs)
-            continue
         takes = arguments(entry._target_) or set()
         if "from_logits" in takes:
             if entry.get("from_logits"):

@@ -1,6 +1,7 @@
 """The input pipelines: every tf.data dataset a run trains or evaluates on is built here, by the
 InputReader, which turns a source (ArraySource, FileSource: the examples, and how to decode them) and
-a tf.distribute.InputContext into the dataset of one input pipeline (as Model Garden's InputReader does). data.py loads the arrays without TensorFlow.
+a tf.distribute.InputContext into the dataset of one input pipeline (as Model Garden's InputReader
+does). data.py loads the arrays without TensorFlow.
 """
 import glob
 import os
@@ -111,7 +112,7 @@ def array_reader(images, labels, cfg, *, files=None, expect=None, **kwargs) -> I
 
 
 def file_reader(found, cfg, **kwargs) -> InputReader:
-    return InputReader(FileSource(found, cfg.data, cfg.trainer.seed), cfg, **kwargs)
+    return InputReader(FileSource(found, cfg.data), cfg, **kwargs)
 
 
 class FileSource:
@@ -124,22 +125,22 @@ class FileSource:
     parameter-server worker) reads its own files where there are at least as many files as pipelines
     (FILE), else its share of every file's records (DATA)."""
 
-    def __init__(self, found, data, seed: int):
-        self.found, self.data, self.seed = found, data, seed  # (seed: the files' order each pass)
+    def __init__(self, found, data):
+        self.found, self.data = found, data
 
     def test(self, cfg) -> tf.data.Dataset:
-        ds = self._records(self.found.test_files, self.found.test_labels, shuffle=False).batch(cfg.trainer.batch_size)
+        ds = self._records(self.found.test_files, self.found.test_labels).batch(cfg.trainer.batch_size)
         return ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
 
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
         t, found, data = cfg.trainer, self.found, self.data
         pipelines, index, batch = part.pipelines, part.index, part.batch
         files, labels = list(found.train_files), list(found.train_labels)
+        order = t.seed if data.shuffle_buffer else None  # (the files in a new seeded order each pass)
         if pipelines > 1 and len(files) >= pipelines:  # FILE: files index, index + pipelines, ...
-            ds = self._records(files, labels, shuffle=bool(data.shuffle_buffer), shard=(pipelines, index),
-                               check=part.own)
+            ds = self._records(files, labels, order, shard=(pipelines, index), check=part.own)
         else:  # DATA: every file, one record in `pipelines`
-            ds = self._records(files, labels, shuffle=bool(data.shuffle_buffer), check=part.own)
+            ds = self._records(files, labels, order, check=part.own)
             if pipelines > 1:
                 ds = ds.shard(pipelines, index)
         cache = data.get("cache")
@@ -190,9 +191,11 @@ class FileSource:
             if files >= pipelines else f"DATA: each reads all {files} training file(s) and keeps 1 record in "
             f"{pipelines} (fewer files than workers; as many files as workers would spare the reading)")
 
-    def _records(self, files: list, labels: list, shuffle: bool, shard=None, check: bool = False) -> tf.data.Dataset:
+    def _records(self, files: list, labels: list, seed: int | None = None, shard=None,
+                 check: bool = False) -> tf.data.Dataset:
         """Image files: (path, label) pairs; TFRecord files: (file, index, serialized record), interleaved.
-        shuffle: the files in a new seeded order each pass. shard: (pipelines, this one), of the files.
+        seed: the files in a new order each pass, seeded (None: in order). shard: (pipelines, this one), of
+        the files.
         check: a parameter-server worker's, which first checks that it sees the coordinator's files."""
         images = self.found.kind == "images"
         slices = (files, tf.constant(labels, tf.int32)) if images else files
@@ -203,8 +206,8 @@ class FileSource:
             ds = tf.data.Dataset.from_tensor_slices(slices)
         if shard is not None:
             ds = ds.shard(*shard)
-        if shuffle:
-            ds = ds.shuffle(len(files), seed=self.seed, reshuffle_each_iteration=True)
+        if seed is not None:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         if images:
             return ds
         return ds.interleave(unconverted(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))),
@@ -284,7 +287,7 @@ class FileSource:
     def sample(self, n: int = 2):
         """A few decoded test images, as a numpy array (what check_model runs the model on)."""
         ds = self._records(self.found.test_files[:1] if self.found.kind == "tfrecord" else self.found.test_files[:n],
-                           self.found.test_labels[:n], shuffle=False)
+                           self.found.test_labels[:n])
         return next(iter(ds.batch(n).map(self._decode)))[0].numpy()
 
 

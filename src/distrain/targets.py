@@ -8,8 +8,9 @@ import logging
 
 from hydra.utils import get_object
 
-from .checking import ENTRIES, split
+from .checking import ENTRIES, _shown, split
 from .errors import ConfigError
+from .schema import OWN
 
 # Keyword arguments a Keras base class takes through **kwargs and checks itself (tf_keras, tensorflow).
 CHECKED_BY_ITSELF = ("tf_keras.", "keras.", "tensorflow.")
@@ -68,7 +69,7 @@ GIVEN = {"model": {"input_shape", "num_classes"}, "optimizer": {"learning_rate"}
 def check_arguments(cfg) -> None:
     """Every argument a node gives its class, the class takes; else a ConfigError naming the argument,
     the class, what the class takes and the closest of those (a typo)."""
-    for group in ("model", "data", "optimizer", "schedule", "loss"):
+    for group in OWN:
         node = cfg[group]
         if node.get("_target_"):
             _check(group, node._target_, split(group, node)[2])
@@ -91,7 +92,3 @@ def _check(key: str, target: str, arguments: dict) -> None:
         fix = f"set {key}.{close[0]}={_shown(value)} instead" if close else \
             f"drop {key}.{argument}, or name a class that takes it"
         raise ConfigError(f"{key}.{argument} is not an argument of {target} (it takes {listed}): {fix}")
-
-
-def _shown(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -132,8 +132,9 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
         # Resumed, the data goes on from the batch after the last one trained: the batches an
         # uninterrupted run would have seen.
         train = data.reader(cfg, skip=progress.epoch * data.steps + progress.step)
-        if topology.workers > 1 and context.chief and train.sharding_line(topology.workers):
-            print(train.sharding_line(topology.workers), flush=True)
+        said = train.sharding_line(topology.workers) if topology.workers > 1 and context.chief else ""
+        if said:
+            print(said, flush=True)
         runner = SyncEpochs(strategy, train_steps, strategy.distribute_datasets_from_function(train), optimizer,
                             tally, t.steps_per_execution, progress=t.verbose == 1, workers=topology.workers)
     if t.verbose:

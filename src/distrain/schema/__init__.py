@@ -76,12 +76,15 @@ def register() -> None:
             store.store(group=f"schema/{group}", name=option, node=defaults(schema) if group in OWN else schema)
 
 
+# What each built-in loss reads, by its class.
+LOSS_LABELS = {defaults(schema)["_target_"]: schema.labels for schema in SCHEMAS["loss"].values()}
+
+
 def labels_read(loss, data=None) -> str | None:
     """What the config's loss reads (LABELS); for a loss of the user's, class indices where data.num_classes
     counts the classes, else None: the labels themselves decide (data.labels_of)."""
-    found = [s for s in SCHEMAS["loss"].values() if defaults(s)["_target_"] == loss.get("_target_")]
-    if found:
-        return found[0].labels
+    if loss.get("_target_") in LOSS_LABELS:
+        return LOSS_LABELS[loss.get("_target_")]
     return "classes" if data is not None and data.get("num_classes") else None
 
 
