@@ -30,7 +30,6 @@ NOT_HERE = {
     "make": "sets up .venv and runs the suite or the default training (test_cli's quality bar runs it)",
     "pip": "installs the package (test_cli's wheel test installs it)",
     ".": "activates the environment",
-    "cd": "",  # (followed: later commands of the block run there)
     "tensorboard": "serves the dashboard (test_sweep asks a real TensorBoard server what it shows)",
     "sbatch": "submits to a Slurm cluster (test_slurm runs the sbatch scripts on a local Slurm)",
     "srun": "a Slurm job step (test_slurm)",
@@ -79,7 +78,7 @@ def distrain_args(words: list) -> list | None:
     return None
 
 
-def check(args: list, cwd: Path, user_dir: Path) -> str:
+def check(args: list, cwd: Path) -> str:
     """What is wrong with this command's config ("" where nothing is): composed and validated as the
     command would, every combination of a sweep's values."""
     args = [a for a in args if a not in PLACEHOLDERS]
@@ -145,7 +144,7 @@ def check_doc(doc: Path, user_dir: Path, here: Path) -> tuple[list, list]:
                 left.append((example.line, line))
                 continue
             where = cwd if "--config-dir" not in words or (cwd / "conf").is_dir() else user_dir
-            results.append((example.line, line, check(args, where, user_dir)))
+            results.append((example.line, line, check(args, where)))
 
     def files(example):
         lay_out(example.parsed, user_dir)
@@ -153,7 +152,7 @@ def check_doc(doc: Path, user_dir: Path, here: Path) -> tuple[list, list]:
     def transcript(example):  # `$ command`, then the error line it prints (`...`: what the docs leave out)
         for command, said in re.findall(r"^\$ (.+)\n((?:(?!\$ ).*\n?)*)", example.parsed, re.M):
             args = distrain_args(shlex.split(command, comments=True))
-            why = check(args, here, user_dir)
+            why = check(args, here)
             expected = [line for line in said.splitlines() if line.startswith("error: ")]
             pattern = ".*".join(map(re.escape, expected[0].removeprefix("error: ").split("..."))) if expected else ""
             ok = bool(re.fullmatch(pattern, why)) if expected else not why
