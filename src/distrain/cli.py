@@ -1,6 +1,7 @@
 """`python train.py` / `distrain`: Hydra composes the config, the launcher runs it (no TensorFlow here).
 
-`distrain summarize DIR` (re)builds the summary of a sweep directory.
+`distrain summarize DIR` (re)builds the summary of a sweep directory; `distrain stacks RUN_DIR` shows
+where each task of a running run is.
 """
 import difflib
 import logging
@@ -103,6 +104,7 @@ def _help(root: DictConfig) -> str:
   distrain [group=option ...] [key=value ...]     one run, e.g. strategy=mirrored
   distrain -m key=a,b ...                         a sweep: one run per value, then a summary
   distrain summarize SWEEP_DIR                    (re)build a sweep's summary
+  distrain stacks RUN_DIR                         each task's Python stacks and step, in a running run
   (In a checkout, `python train.py` is the same as `distrain`.)
 
 == Groups (group=option) ==
@@ -227,6 +229,10 @@ def main() -> None:
         from . import sweep
 
         sys.exit(sweep.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["stacks"]:
+        from . import stacks
+
+        sys.exit(stacks.main(sys.argv[2:]))
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
     # HYDRA_FULL_ERROR=1 gets the traceback instead.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"

@@ -142,7 +142,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         log.info("this process is task %s:%d of %s", task.type, task.index, spec)
         env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
         return _finish(run_tasks([TaskProcess(task.name, argv, env, task=task, cluster=spec,
-                                              peer_timeout=coordinator_timeout(cfg, task.type))], run,
+                                              peer_timeout=coordinator_timeout(cfg, task.type),
+                                              stall_after=cfg.cluster.peer_timeout / 2)], run,
                                  startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run, config,
                        job, overrides)
 
@@ -205,7 +206,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
     parameter-server worker is restarted alone. Up to cluster.max_restarts restarts in all."""
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
-    restarts = Restarts(c.max_restarts, c.restart_window)
+    restarts, peaks = Restarts(c.max_restarts, c.restart_window), {}
     with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
             cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
         if not net.available:
@@ -237,6 +238,9 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
 
                 outcome = run_tasks(tasks, run, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
                                     job=job, restarts=restarts)
+                # (each task's peak over the cluster's restarts too)
+                peaks = outcome.peak_rss_mib = {name: max(peak, peaks.get(name, 0.0))
+                                                for name, peak in outcome.peak_rss_mib.items()}
                 if not outcome.restart:
                     _record_restarts(run, restarts)
                     return outcome
@@ -262,7 +266,7 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) ->
             tasks.append(TaskProcess(task.name, net.wrap(argv), env, main=not serves,
                                      alone=serves and task_type == "worker", quiet=topology.synchronous and index > 0,
                                      task=task, cores=pinned, peer_timeout=coordinator_timeout(cfg, task_type),
-                                     forks=forks))
+                                     stall_after=0 if serves else c.peer_timeout / 2, forks=forks))
     if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
         evaluator = cluster_lib.Task("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
         env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
@@ -337,6 +341,11 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
         swept = job.values if job else dict(split_override(o) for o in overrides if not o.startswith(("hydra", "~")))
         storage.record(dashboard.log_session, run, config, swept)
     results = run.read_results() if outcome.status == "ok" else None
+    if results and outcome.peak_rss_mib:  # (the tasks' peaks: known here once they have ended)
+        results["peak_rss_mib"] = outcome.peak_rss_mib
+        run.add_to_results({"peak_rss_mib": outcome.peak_rss_mib})
+    if outcome.peak_rss_mib and not job:
+        log.info("peak resident memory: %s", report.memory_line(outcome.peak_rss_mib))
     if results:
         try:
             from . import plots  # matplotlib: only once there is something to draw

@@ -25,7 +25,7 @@ def curves(results: dict, path: Path) -> Path:
     """Training loss and the first metric (accuracy by default) per epoch, with their test values."""
     history = results["history"]
     epochs = range(1, len(history["loss"]) + 1)
-    metric = next((name for name in history if name != "loss"), "loss")
+    metric = next((name for name in history if name != "loss" and not name.startswith(("time_", "val_"))), "loss")
     fig, (loss, other) = plt.subplots(1, 2, figsize=(10, 4))
     loss.plot(epochs, history["loss"], marker="o")
     loss.set(title="training loss", xlabel="epoch", ylabel="loss")
@@ -44,8 +44,9 @@ def curves(results: dict, path: Path) -> Path:
 
 
 def scaling(rows: list, path: Path, note: str = "") -> Path:
-    """Throughput against replicas with the ideal linear line, and efficiency; a line per strategy."""
-    fig, (speed, efficiency) = plt.subplots(1, 2, figsize=(11, 4.5))
+    """Throughput against replicas with the ideal linear line, efficiency, and where the time goes (the
+    shares of input, compute and communication: what efficiency is lost to); a line per strategy."""
+    fig, (speed, efficiency, split) = plt.subplots(1, 3, figsize=(16, 4.5))
     by_strategy = defaultdict(list)
     for row in rows:
         by_strategy[row["strategy"]].append(row)
@@ -57,17 +58,36 @@ def scaling(rows: list, path: Path, note: str = "") -> Path:
         speed.plot(x, [base["examples_per_sec"] * n / base["replicas"] for n in x], linestyle=":",
                    color=line.get_color(), label=f"{strategy}, ideal (linear)")
         efficiency.plot(x, [r["efficiency"] for r in points], marker="o", color=line.get_color(), label=strategy)
+    _time_split(split, by_strategy)
     speed.set(title="throughput", xlabel="replicas (workers)", ylabel="examples/s")
     efficiency.axhline(1.0, color="grey", linestyle=":")
     efficiency.set(title="scaling efficiency (speed-up / replica ratio)", xlabel="replicas (workers)",
                    ylabel="efficiency", ylim=(0, max(1.1, *(r["efficiency"] for r in rows)) * 1.05))
-    for ax in (speed, efficiency):
+    for ax in (speed, efficiency, split):
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         ax.set_xticks(sorted({r["replicas"] for r in rows}))
     if note:
         fig.suptitle(note, fontsize="medium")
     return _save(fig, path)
+
+
+def _time_split(ax, by_strategy: dict) -> None:
+    """Stacked bars of each run's time split, grouped by replicas, a bar per strategy."""
+    width = 0.8 / max(1, len(by_strategy))
+    colors = {"input": "tab:orange", "compute": "tab:blue", "communication": "tab:red"}
+    for i, (strategy, points) in enumerate(by_strategy.items()):
+        x = [r["replicas"] - 0.4 + width * (i + 0.5) for r in points]
+        bottom = [0.0] * len(points)
+        for part, color in colors.items():
+            shares = [_number(r.get(part)) or 0.0 for r in points]
+            ax.bar(x, shares, width * 0.9, bottom=bottom, color=color, label=part if i == 0 else None,
+                   edgecolor="white")
+            bottom = [b + v for b, v in zip(bottom, shares)]
+        for xi, r in zip(x, points):
+            ax.annotate(strategy[:12], (xi, 1.01), ha="center", fontsize="x-small", rotation=90, va="bottom")
+    ax.set(title="where the training time goes", xlabel="replicas (workers)", ylabel="share of the time",
+           ylim=(0, 1.35))
 
 
 def by_value(rows: list, key: str, path: Path, series_keys=()) -> Path:

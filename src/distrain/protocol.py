@@ -9,6 +9,8 @@ HEARTBEAT = "DISTRAIN_HEARTBEAT"  # the file whose time a task sets as it makes 
 SCRATCH = "DISTRAIN_SCRATCH"  # a run's directory for its tasks' temporary files (the launcher removes it)
 # A local cluster's task: "1" the launcher restarts the cluster if a task dies, "0" it ends the run saying why
 RESTARTS_CLUSTER = "DISTRAIN_RESTARTS_CLUSTER"
+POSITION = "DISTRAIN_POSITION"  # the file where a task keeps the global step its training reached (stacks.py)
+STACKS = "DISTRAIN_STACKS"  # the file where a task dumps its Python stacks on SIGUSR1 (stacks.py)
 ONEDNN_WHY = "DISTRAIN_ONEDNN_WHY"  # why the launcher chose the CPU kernels, for the task's announcement
 
 READY = "ready at"

@@ -1,7 +1,7 @@
 """What a run tells people and tools: the content of results.json (rundir.py writes it) and the closing lines."""
 import os
 
-from . import schema
+from . import schema, timesplit
 from .protocol import STARTED
 
 
@@ -34,6 +34,9 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "resumed_from_step": progress.resumed_from_step, "restarts": progress.restarts,
              "test_loss": float(test["loss"]), "final_train_loss": history["loss"][-1],
              "history": history, "seed": t.seed}
+    split = timesplit.overall(history, seconds)
+    found |= {"time_split": split, "bound": timesplit.bound(split),
+              "input_examples_per_sec": round(f["input_examples_per_sec"], 1) if f.get("input_examples_per_sec") else None}
     found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}
     if progress.stopped_early:  # a callback's decision: the run is ok, with fewer epochs
         found["stopped_early"] = progress.stopped_early
@@ -82,6 +85,11 @@ def summary_line(r: dict) -> str:
             f"{r['num_replicas']} replica(s), {r['num_workers']} worker(s), {r['num_ps']} ps | "
             f"strategy={r['strategy']} model={r['model']} data={r['data']}({r['data_source']})"
             + (f" | {r['stopped_early']}" if r.get("stopped_early") else ""))
+
+
+def memory_line(peaks: dict) -> str:
+    """Each task's peak resident memory ("chief-0 812 MiB, worker-0 790 MiB")."""
+    return ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items())
 
 
 def short_line(r: dict) -> str:

@@ -10,7 +10,9 @@ import tf_keras as keras
 
 from .process import Heartbeat
 from .report import seconds_since_start
+from .stacks import Position
 from .strategy import replica_devices
+from .timesplit import shares
 
 # The runners, never deleted: deleting the coordinator's functions removes them from every remote
 # task, which after a worker's restart takes seconds (12 s for a run's functions, measured), and
@@ -20,11 +22,12 @@ KEPT = []
 
 
 
-def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tally):
+def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tally, timed: bool = True):
     """A tf.function that runs `steps` training steps on this worker's replicas and returns this
     worker's sums (metrics.Tally: the losses, each metric's state, the examples). loss_fn(labels,
     outputs): the loss of each example (reduction "none"). The sums stay local: Keras metrics would be
-    synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks."""
+    synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks.
+    timed: stamp the steps for the time split (timesplit.py); else their clocks are zeros."""
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
 
     @tf.function(jit_compile=jit_compile)
@@ -45,20 +48,63 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
             grads = optimizer.get_unscaled_gradients(grads)
         return grads, losses, tf.cast(logits, tf.float32)
 
+    remote = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)  # variables on ps tasks
+    aggregator = optimizer.inner_optimizer if scaled else optimizer  # (as the loss-scaling one aggregates)
+
     def step(images, labels):
+        """A replica's step: its sums, and its clock [seconds in the all-reduce, when its update was done]."""
         grads, losses, outputs = gradients(images, labels)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces across replicas
-        return tally.add(labels, outputs, losses)
+        sums = tally.add(labels, outputs, losses)
+        if not timed:
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces across replicas
+            return sums, tf.zeros([2], tf.float64)
+        computed = stamp_after(grads)
+        # The all-reduce (optimizer.aggregate_gradients, as apply_gradients would call it) starts once the
+        # gradients are stamped, and is stamped when done: its time, with the wait for the slowest replica.
+        pairs = aggregator.aggregate_gradients(list(zip(held_until(grads, computed), model.trainable_variables)))
+        reduced = stamp_after([g for g, _ in pairs])
+        optimizer.apply_gradients(pairs, skip_gradients_aggregation=True)
+        # Done once the variables read back updated (on ps tasks a read is a round trip: once reduced).
+        done = reduced if remote else stamp_after([v.read_value() for v in model.trainable_variables])
+        return sums, tf.stack([reduced - computed, done])
 
     @tf.function
     def train_steps(iterator, steps):
-        totals = tf.zeros([tally.size])
+        """This worker's sums, and its clock: [seconds waiting for batches, in the all-reduce (a mean over
+        its replicas), of the whole call]. Each batch is asked for once the step before is done, so that
+        its wait is not the previous step's work."""
+        totals, waited, reducing = tf.zeros([tally.size]), tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)
+        begun = finished = tf.timestamp()
         for _ in tf.range(steps):
-            per_replica = strategy.run(step, args=next(iterator))
-            totals += tf.add_n(strategy.experimental_local_results(per_replica))
-        return totals
+            asked = stamp_after([totals, finished])
+            with tf.control_dependencies([asked]):
+                batch = next(iterator)
+            waited += stamp_after(batch) - asked
+            sums, clock = strategy.run(step, args=batch)
+            totals += tf.add_n(strategy.experimental_local_results(sums))
+            clocks = tf.stack(strategy.experimental_local_results(clock))
+            reducing += tf.reduce_mean(clocks[:, 0])
+            finished = tf.maximum(tf.reduce_max(clocks[:, 1]), asked) if timed else asked
+        span = stamp_after([totals, finished]) - begun
+        return totals, tf.cast(tf.stack([waited, reducing, span]), tf.float32)
 
     return train_steps
+
+
+def stamp_after(structure) -> tf.Tensor:
+    """A tf.timestamp() (seconds) taken once every tensor of `structure` is computed."""
+    # (On identities of them: a control dependency on a nested tf.function's outputs waits only for its
+    # stateful ops, not for the outputs to be computed.)
+    with tf.control_dependencies([tf.identity(t) for t in tf.nest.flatten(structure, expand_composites=True)
+                                  if isinstance(t, tf.Tensor)]):
+        return tf.timestamp()
+
+
+def held_until(structure, stamp: tf.Tensor):
+    """`structure`'s tensors, as identities that wait for `stamp`: what consumes them starts after it."""
+    with tf.control_dependencies([stamp]):
+        return tf.nest.map_structure(lambda t: t if t is None else tf.identity(t), structure, expand_composites=True)
+
 
 
 class SyncEpochs:
@@ -72,11 +118,12 @@ class SyncEpochs:
                  workers: int = 1):
         self.strategy, self.train_steps, self.iterator = strategy, train_steps, iter(dataset)
         self.optimizer, self.tally, self.per_call, self.progress = optimizer, tally, per_call, progress
-        self.workers = workers
+        self.workers, self.position, self.step_base = workers, Position(), 0
 
     def begin(self, steps: int, done: int, carried: list) -> None:
         """An epoch of `steps` steps, `done` of them already (resumed), whose sums so far are `carried`."""
         self.local, self.carried, self.done = tf.zeros([len(carried)]), np.array(carried, np.float32), done
+        self.clock = tf.zeros([3])  # this epoch's train_steps clock, summed
         names = [*self.tally.names, *(f"val_{name}" for name in self.tally.names)]  # values, never averaged
         self.bar = keras.utils.Progbar(steps, stateful_metrics=names) if self.progress else None
         if self.bar and done:
@@ -87,8 +134,10 @@ class SyncEpochs:
         this worker's loss is no number (the workers share their weights, so they diverge together)."""
         ran = 0
         for steps in calls:
-            self.local += self.train_steps(self.iterator, tf.constant(steps))
+            sums, clock = self.train_steps(self.iterator, tf.constant(steps))
+            self.local, self.clock = self.local + sums, self.clock + clock
             self.done, ran = self.done + steps, ran + steps
+            self.position.at(self.step_base + self.done)
             self.first_step_at = self.first_step_at or time.time()
             if on_nan and not np.isfinite(self.local[0].numpy()):
                 on_nan(self.done)
@@ -102,7 +151,12 @@ class SyncEpochs:
         """The sums of the epoch so far over every worker (all of them must ask)."""
         return (across_workers(self.strategy, self.local).numpy() + self.carried).tolist()
 
-    end = totals
+    def end(self, seconds: float) -> tuple[list, dict]:
+        """The epoch's sums over every worker, and where its `seconds` went (timesplit.shares): each
+        worker's waits for input and in the all-reduce, averaged over the workers, in one all-reduce."""
+        both = across_workers(self.strategy, tf.concat([self.local, self.clock[:2]], 0)).numpy()
+        waited, reducing = both[-2:] / self.workers
+        return (both[:-2] + self.carried).tolist(), shares(seconds, waited, reducing)
 
     def show(self, logs: dict) -> None:
         """The epoch's last update of the bar: the whole cluster's values, and validation's."""
@@ -118,6 +172,7 @@ class SyncEpochs:
 
     def finish(self, model, rebuild) -> tuple:
         """The trained model and its optimizer, to evaluate and save in this process: these."""
+        self.position.done()
         return model, self.optimizer
 
     def describe(self, batch_size: int) -> dict:
@@ -169,7 +224,7 @@ class AsyncEpochs:
         # TensorFlow waits without end for a call on a hung worker or ps task (it retries only on
         # tasks that fail), and so does a checkpoint, which registers a function on every task: the
         # launcher watches this heartbeat instead.
-        self.heartbeat = Heartbeat()
+        self.heartbeat, self.position, self.step_base = Heartbeat(), Position(), 0
 
         @tf.function
         def scheduled(iterator, steps):
@@ -178,24 +233,29 @@ class AsyncEpochs:
 
     def begin(self, steps: int, done: int, carried: list) -> None:
         self.sums, self.done = np.array(carried, np.float64), done
+        self.clock = np.zeros(3)  # the epoch's calls' train_steps clocks, summed over the workers
 
     def run(self, calls: list, on_nan=None, stop=None) -> int:
         """The calls, scheduled at once and joined (so all of them run); on_nan(step) if the loss is
         then no number. Returns the steps run."""
+        before = self.done
         remote = [(steps, self.coordinator.schedule(self.scheduled, args=(self.iterator, tf.constant(steps))))
                   for steps in calls]
         for steps, value in remote:
             try:
-                worker, worker_totals = value.fetch()  # once the call has run, on whichever worker took it
+                worker, (worker_totals, clock) = value.fetch()  # once the call has run, on whichever worker took it
             except tf.errors.UnavailableError:  # it ran, but its worker died before its sums were copied here
                 continue  # (a failed ps or call is raised again by join() below)
             finally:
                 self.heartbeat.pet()
             self.first_step_at = self.first_step_at or time.time()
             self.worker_steps[int(worker)] += steps
+            self.done += steps
+            self.position.at(self.step_base + self.done)
             self.sums += worker_totals
+            self.clock += clock
         self.coordinator.join()
-        self.done += sum(calls)
+        self.done = before + sum(calls)
         if on_nan and not np.isfinite(self.sums[0]):
             on_nan(self.done)
         return sum(calls)
@@ -203,7 +263,13 @@ class AsyncEpochs:
     def totals(self) -> list:
         return self.sums.tolist()
 
-    end = totals
+    def end(self, seconds: float) -> tuple[list, dict]:
+        """The epoch's sums, and where the workers' `seconds` went: their waits for input; the time no
+        call of theirs ran (waiting for the coordinator to schedule one, for a join) with their all-reduce
+        waits as communication."""
+        waited, reducing, busy = self.clock
+        capacity = seconds * self.workers
+        return self.totals(), shares(capacity, waited, reducing + max(capacity - busy, 0.0))
 
     def show(self, logs: dict) -> None:
         """(No bar: the epoch's line says it.)"""
@@ -224,6 +290,7 @@ class AsyncEpochs:
         """A copy of the trained model and a fresh optimizer here on the coordinator (rebuild() makes
         them), to evaluate and save: the trained variables live on the ps tasks."""
         self.heartbeat.stop()
+        self.position.done()
         local, optimizer = rebuild()
         local.set_weights(model.get_weights())
         return local, optimizer

@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cluster as cluster_lib
-from . import report
+from . import report, stacks
 from .cluster import Task
 from .errors import print_error
 from .forkserver import ForkServer
+from .memory import Watch
 from .process import die_with_parent
-from .protocol import HEARTBEAT, is_error, is_ready
+from .protocol import HEARTBEAT, POSITION, STACKS, is_error, is_ready
 from .restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
 from .rundir import RunDir
+from .storage import write_atomic
 from .task_output import ERR, OUT, is_noise, last_state, route
 
 log = logging.getLogger("distrain")
@@ -48,6 +50,7 @@ class Outcome:
     error: str = ""
     log_tail: list = field(default_factory=list)
     restart: bool = False
+    peak_rss_mib: dict = field(default_factory=dict)  # each task's peak resident memory, by its name
 
 
 class FirstError:
@@ -85,6 +88,7 @@ class TaskProcess:
     cluster: dict | None = None  # and the cluster spec: {job: [addresses]}
     cores: set | None = None  # CPU affinity, when pinned
     peer_timeout: float = 0  # > 0: the task keeps a heartbeat (process.Heartbeat) that must not stop this long
+    stall_after: float = 0  # > 0: its training's step standing still this long is a stall (stacks.py)
     forks: ForkServer | None = None  # starts the task with TensorFlow imported, instead of running argv
     # Its state, as the supervisor starts and watches it:
     proc: subprocess.Popen | None = None
@@ -99,6 +103,10 @@ class TaskProcess:
     pump: threading.Thread | None = None  # copies its output
     open_line: bool = False  # a progress bar of its is on the terminal without its newline
     line_ended: bool = False  # ... and the launcher ended that line (end_line) before a line of its own
+    memory: Watch = field(default_factory=Watch)  # its peak resident memory, over its restarts too
+    stacks_path: Path | None = None  # where it dumps its Python stacks, on SIGUSR1 (stacks.py)
+    position_path: Path | None = None  # where it keeps the global step it reached
+    stall_seen: float = 0.0  # the time of the position whose stall was reported
 
     def start(self, run: RunDir, prefix: str | None) -> None:
         self.prefix = prefix
@@ -107,6 +115,9 @@ class TaskProcess:
         self.ready = self.hung = False
         self.ended_at = None
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self.stacks_path, self.position_path = self.log_path.with_suffix(".stacks"), self.log_path.with_suffix(".step")
+        self.position_path.unlink(missing_ok=True)
+        env.update({STACKS: str(self.stacks_path), POSITION: str(self.position_path)})
         if self.peer_timeout:
             self.heartbeat = self.log_path.with_suffix(".heartbeat")
             self.heartbeat.unlink(missing_ok=True)
@@ -123,6 +134,7 @@ class TaskProcess:
                 self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True,  # our signal handling decides when it stops, not the terminal's
                 preexec_fn=self._in_child)
+        self.memory.started()
         self.pump = threading.Thread(target=self._copy_output, args=(prefix,), daemon=True)
         self.pump.start()
 
@@ -184,6 +196,25 @@ class TaskProcess:
         except (TypeError, FileNotFoundError):  # no heartbeat (yet, or any more)
             return False
 
+    def standing_still(self) -> float:
+        """The time of its training's last step where that step stands still for longer than stall_after
+        (and was not reported yet), else 0."""
+        try:
+            moved = self.position_path.stat().st_mtime
+        except (AttributeError, FileNotFoundError):  # not training (yet, or any more)
+            return 0.0
+        if self.stall_after and moved != self.stall_seen and time.time() - moved > self.stall_after:
+            return moved
+        return 0.0
+
+    def write_log(self, data: bytes) -> None:
+        """Lines of the launcher's into the task's log (its stacks)."""
+        try:
+            with open(self.log_path, "ab") as log_file:
+                log_file.write(data)
+        except OSError as exc:
+            log.warning("cannot write %s (%s)", self.log_path, exc.strerror or exc)
+
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             if self.hung or _stopped(self.proc.pid):  # stuck or frozen: it cannot save, nor act on SIGTERM
@@ -207,7 +238,7 @@ class TaskProcess:
                 "address": task.address if task else None, "pid": self.proc.pid if self.proc else None,
                 "cores": sorted(self.cores) if self.cores else None,
                 "state": state, "restarts": self.restarts, "seconds_to_ready": self.ready_after,
-                "log": str(self.log_path)}
+                "peak_rss_mib": round(self.memory.peak, 1), "log": str(self.log_path)}
 
 
 class TaskLog:
@@ -216,7 +247,10 @@ class TaskLog:
 
     def __init__(self, path: Path, append: bool):
         self.path, self.file = path, None
-        self._do(lambda: setattr(self, "file", open(path, "ab" if append else "wb")))
+        if not append:
+            self._do(lambda: open(path, "wb").close())
+        # (appending: the launcher's own lines, a task's stacks, go in between without being overwritten)
+        self._do(lambda: setattr(self, "file", open(path, "ab")))
 
     def write(self, data: bytes) -> None:
         if self.file:
@@ -275,7 +309,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
     """
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = time.monotonic() + (startup_timeout or 0)
-    seen, outcome = set(), Outcome(1, "failed")
+    seen, outcome, looks = set(), Outcome(1, "failed"), 0
     changed = on_change or (lambda status: None)
     try:
         _check_stopped(job)
@@ -302,6 +336,8 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
                 return outcome
             if not starting:
                 startup_timeout = None
+            looks = _look_at_memory(tasks, looks)
+            _look_for_stalls(tasks, run)
             time.sleep(0.1)
     except Interrupted as exc:
         if job:
@@ -322,6 +358,41 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
         changed(outcome.status)
         for s, handler in previous.items():
             signal.signal(s, handler)
+        outcome.peak_rss_mib = {t.name: round(t.memory.peak, 1) for t in tasks if t.memory.peak}
+
+
+def _look_for_stalls(tasks: list, run: RunDir) -> None:
+    """Every task's stacks into its log, and a line saying where each is, when a training task's step
+    stands still (stacks.py), or when `distrain stacks` asks (then into logs/stacks.txt as well)."""
+    still = [(task, moved) for task in tasks if (moved := task.standing_still())]
+    asked = (run.logs / stacks.REQUEST).exists()
+    if not still and not asked:
+        return
+    for task, moved in still:
+        task.stall_seen = moved
+    why = "asked by distrain stacks" if asked else \
+        f"no training step for {still[0][0].stall_after:g} s: half of cluster.peer_timeout"
+    found = stacks.dump(tasks)
+    stamp = stacks.record(found, {t.name: t.write_log for t in tasks}, why)
+    synchronous = not any(t.task and t.task.type == "ps" for t in tasks)
+    said = stacks.summary(found, synchronous)
+    if asked:
+        text = [f"{stamp}: {said}", ""] + [f"--- {name} (step {step}) ---\n{dump or '(no answer)'}"
+                                           for name, (step, dump) in found.items()]
+        write_atomic(run.logs / stacks.ANSWER, "\n".join(text) + "\n")
+    else:
+        for task in tasks:
+            task.end_line()
+        log.warning("stalled: %s (their Python stacks are in their logs)", said)
+
+
+def _look_at_memory(tasks: list, looks: int) -> int:
+    """Each live task's memory, every 5th call (every 0.5 s of run_tasks's loop); the calls counted."""
+    if looks % 5 == 0:
+        for task in tasks:
+            if task.proc and task.proc.poll() is None:
+                task.memory.look(task.proc.pid)
+    return looks + 1
 
 
 def _check_stopped(job) -> None:
@@ -348,6 +419,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
                    "a worker or ps task it waits for stopped answering")
         elif code is None or task.name in seen or (code > 0 and not killed and now - task.ended_at < SETTLE_SECONDS):
             continue
+        elif task.memory.killed_for_memory(code):
+            why = task.memory.why_killed(task.name)
         else:
             why = f"task {task.name} exited with status {code}"
         seen.add(task.name)

@@ -27,9 +27,11 @@ MEASURES = [  # summary column <- results.json key
     ("examples_per_sec", "examples_per_sec"), ("steps_per_sec", "steps_per_sec"),
     ("speedup", None), ("efficiency", None),
     ("test_accuracy", "test_accuracy"), ("test_loss", "test_loss"), ("train_seconds", "train_seconds"),
+    ("input", None), ("compute", None), ("communication", None), ("bound", "bound"), ("peak_rss_mib", None),
 ]
 FORMATS = {"examples_per_sec": "{:,.0f}", "steps_per_sec": "{:.1f}", "speedup": "{:.2f}", "efficiency": "{:.2f}",
-           "test_accuracy": "{:.4f}", "test_loss": "{:.4f}", "train_seconds": "{:.1f}"}
+           "test_accuracy": "{:.4f}", "test_loss": "{:.4f}", "train_seconds": "{:.1f}", "input": "{:.2f}",
+           "compute": "{:.2f}", "communication": "{:.2f}", "peak_rss_mib": "{:,.0f}"}
 
 
 STOPPED = ".interrupted"  # in a sweep's directory: the signal that interrupted it, as its jobs say
@@ -192,6 +194,9 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
            "log_tail": status.get("log_tail", []), "run_dir": str(job_dir.relative_to(sweep_dir))}
     for name, key in MEASURES:
         row[name] = results.get(key, "") if key else ""
+    row.update((results.get("time_split") or {}))  # input, compute, communication: shares of the time
+    peaks = results.get("peak_rss_mib") or {}
+    row["peak_rss_mib"] = max(peaks.values()) if peaks else ""  # the largest task's
     row["metrics"] = test_numbers(results)
     row.update(row["metrics"])  # the test value of each metric the run measured
     return row

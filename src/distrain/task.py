@@ -14,16 +14,18 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import report, storage
+from . import report, storage, timesplit
 from .context import RunContext, Topology
 from .errors import FINAL, ConfigError, PeerLost, print_error
 from .process import Preempted, Preemption, die_with_parent, exit_now
 from .protocol import RESTARTS_CLUSTER, say_ready
 from .rundir import RunDir
+from .stacks import answer_stack_requests
 
 
 def main(argv=None) -> int:
     die_with_parent()  # again here: nsenter's change of credentials may have cleared it
+    answer_stack_requests()
     config_path = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(config_path)
     run = RunDir(config_path.parent, cfg)
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
         return 128 + signal.SIGTERM
     if context.chief:
         print(report.summary_line(results), flush=True)
+        if results.get("bound"):
+            print(timesplit.verdict(results, cfg.data), flush=True)
     if context.task and context.topology.parameter_servers:  # the coordinator: all is written
         sys.stderr.flush()
         os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (runners.KEPT)

@@ -18,11 +18,12 @@ from .inputs import Arrays, Files, load_data
 from .metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, pick_accuracy
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
-from .pipeline import train_file_hashes
+from .pipeline import input_rate, train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .rundir import RunDir
 from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
 from .strategy import configure_devices, gpu_capabilities, make_strategy, precision_policy
+from .timesplit import probe_seconds
 
 
 def set_precision(t, announce: bool = False) -> str:
@@ -74,6 +75,9 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
                validate, callbacks)
+    # What the input pipeline delivers alone, read for a moment (1% of the training time) on the chief
+    timed = chief and t.time_split
+    rate = input_rate(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else None
     model, optimizer = runner.finish(model, rebuild)
     compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test = evaluate(model, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
@@ -82,8 +86,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         save_model(model, out.saved_model, data.class_names, include_optimizer=plain_keras(optimizer))
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
-    return report.results(cfg, data, progress, test, runner.describe(t.batch_size) | about(model, probabilities, policy)), \
-        model
+    facts = runner.describe(t.batch_size) | about(model, probabilities, policy) | {"input_examples_per_sec": rate}
+    return report.results(cfg, data, progress, test, facts), model
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
@@ -123,7 +127,7 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     check_loss(loss, data.sample_labels, outputs, schema.label(cfg.loss), guessed)
     check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
-    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally)
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally, t.time_split)
     topology = context.topology
     if topology.parameter_servers:
         runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
@@ -278,12 +282,15 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
         if runner.progress:
             print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
         train_epoch(runner, progress, t, steps, epoch, saves)
-        totals = runner.end()
+        totals, split = runner.end(progress.epoch_seconds[-1])
+        split = split if t.time_split else {}
         logs = dict(runner.tally.values(totals))
         if validate and ((epoch + 1) % t.validate_every == 0 or epoch + 1 == t.epochs):
             logs |= {f"val_{name}": value for name, value in validate().items()}
         for name, value in logs.items():
             history.setdefault(name, []).append(value)
+        for part, share in split.items():  # (not in the callbacks' logs: no metric of the model)
+            history.setdefault(f"time_{part}", []).append(share)
         runner.show(logs)
         progress.epoch, progress.step, progress.totals, progress.seconds = epoch + 1, 0, [0.0] * len(totals), 0.0
         if t.verbose and not runner.progress:
@@ -298,7 +305,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             raise Preempted((epoch + 1) * steps)
         if board:
             board.write(epoch, logs, {"epoch_examples_per_sec": steps * t.batch_size / progress.epoch_seconds[-1]}
-                        | runner.scalars())
+                        | {f"epoch_time_{part}": share for part, share in split.items()} | runner.scalars())
         if progress.stopped_early:
             if t.verbose:
                 print(progress.stopped_early, flush=True)
@@ -317,6 +324,7 @@ def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves) ->
 
     start = time.perf_counter()
     runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
+    runner.step_base = epoch * steps  # (its position: the global step)
     for calls in segments(progress.step, steps, runner.per_call, t.checkpoint_every_steps, epoch * steps):
         progress.step += runner.run(calls, on_nan=diverged if t.stop_on_nan else None, stop=Preemption.due)
         if saves and progress.step < steps:  # a checkpoint within the epoch (due, or preempted)

@@ -51,6 +51,8 @@ class Trainer:
     validate_every: int = key(0, "evaluate on the test data every N epochs and after the last, giving val_loss and "
                               "val_<metric> to the history, callbacks and TensorBoard (0: once, at the end)",
                               NOT_NEGATIVE)
+    time_split: bool = key(True, "measure where the training time goes: waiting for input, computing, communicating "
+                           "(results.json time_split and bound; docs/outputs.md says how)")
     objective: str = key("test_accuracy", "the number of results.json a sweep's Optuna search optimises "
                          "(test_loss, test_<metric>, final_train_loss, examples_per_sec; set "
                          "hydra.sweeper.direction=minimize for a loss)")

@@ -1,0 +1,76 @@
+"""The machine's compute ceiling for a run's model and batch: forward, backward and the optimizer on one
+resident batch in a tf.function loop, no input pipeline, no metrics. benchmarks/run.py (section
+`ceiling`) compares `train.py` with it.
+
+    python benchmarks/ceiling.py [--seconds 6] [--rounds 5] [train.py overrides...]
+
+The model, optimizer, precision and global batch are the run's own, built by distrain from the same
+config as `train.py OVERRIDES` (default strategy, one process). Prints one JSON line: the median
+examples/s over rounds of --seconds each (after one round of tracing and warm-up), and every round's.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import distrain  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS)
+from distrain import cli  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    opts, overrides = parser.parse_known_args()
+
+    import tensorflow as tf
+
+    from distrain.config import validate
+    from distrain.inputs import load_data
+    from distrain.context import RunContext
+    from distrain.metrics import make_loss
+    from distrain.rundir import RunDir
+    from distrain.training import build, set_precision
+
+    cfg = cli._compose([], ["trainer.verbose=0", "trainer.save_model=false", *overrides])
+    cfg = validate(cfg)
+    policy = set_precision(cfg.trainer)
+    context = RunContext.of(RunDir(Path("."), cfg), cfg).know_strategy(tf.distribute.get_strategy())
+    data = load_data(cfg, context)
+    model, optimizer, probabilities, _ = build(cfg, data, policy)
+    loss_fn = make_loss(cfg.loss, probabilities)
+    batch = cfg.trainer.batch_size
+    x, y = next(iter(data.reader(cfg)()))  # one batch of the run's own input, resident from here on
+    scaled = hasattr(optimizer, "get_scaled_loss")
+
+    @tf.function
+    def steps(n):
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+                if scaled:
+                    loss = optimizer.get_scaled_loss(loss)
+            grads = tape.gradient(loss, model.trainable_variables)
+            if scaled:
+                grads = optimizer.get_unscaled_gradients(grads)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return optimizer.iterations
+
+    per_call = cfg.trainer.steps_per_execution
+    rates = []
+    for _ in range(opts.rounds + 1):
+        start, done = time.perf_counter(), 0
+        while time.perf_counter() - start < opts.seconds:
+            steps(tf.constant(per_call)).numpy()
+            done += per_call
+        rates.append(done * batch / (time.perf_counter() - start))
+    rates = rates[1:]  # (the first: tracing, warm-up)
+    print(json.dumps({"examples_per_sec": statistics.median(rates), "rounds": rates, "precision_policy": policy}))
+
+
+if __name__ == "__main__":
+    main()

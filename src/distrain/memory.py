@@ -1,0 +1,63 @@
+"""Memory per task: the kernel's own record of a task process's peak resident memory (VmHWM in
+/proc/PID/status), which the launcher reads while the task runs, and whether a task the kernel killed
+ran out of memory (the kernel's count of the processes it killed for memory, /proc/vmstat oom_kill,
+which counts a cgroup's own limit too)."""
+from pathlib import Path
+
+MIB = 1024  # /proc/PID/status says kB
+
+
+def resident_mib(pid: int) -> tuple[float, float] | None:
+    """(Peak, current) resident memory of a live process in MiB, as the kernel keeps them; None once it
+    has ended (or where there is no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmHWM", "VmRSS"):
+            values[name] = int(value.split()[0]) / MIB
+    if "VmHWM" not in values:  # a zombie has no memory left to say
+        return None
+    return values["VmHWM"], values.get("VmRSS", 0.0)
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel has killed for memory since the machine started (None: unknown)."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class Watch:
+    """A task process's memory as the launcher sees it: its peak over the task's life (restarts
+    included) and its size at the last look; and the kernel's count of killings when it started."""
+
+    def __init__(self):
+        self.peak = self.last = 0.0
+        self.kills_before = None
+
+    def started(self) -> None:
+        self.kills_before = oom_kills()
+
+    def look(self, pid: int) -> None:
+        found = resident_mib(pid)
+        if found:
+            self.peak, self.last = max(self.peak, found[0]), found[1]
+
+    def killed_for_memory(self, code: int | None) -> bool:
+        """Whether an exit with `code` was the kernel's killing for memory: a SIGKILL while its count of
+        such killings went up."""
+        now = oom_kills()
+        return code == -9 and None not in (now, self.kills_before) and now > self.kills_before
+
+    def why_killed(self, name: str) -> str:
+        return (f"task {name} ran out of memory: the kernel killed it (its peak resident memory {self.peak:,.0f} MiB, "
+                f"{self.last:,.0f} MiB at the last look); give it more memory, or lower trainer.batch_size or the "
+                "number of tasks on this machine")

@@ -1,0 +1,160 @@
+"""Where each task is: its Python stacks (all threads) and the global step it reached, written into its
+log when the launcher finds the run stalled (a training task's step stands still for half of
+cluster.peer_timeout: before TensorFlow's own timeout restarts or stops it), and on demand by
+`distrain stacks RUN_DIR` for a run that is still going.
+
+A task dumps its stacks with faulthandler on SIGUSR1: in C, from the signal handler, so it answers even
+while its main thread waits inside TensorFlow (an all-reduce, a remote call) without returning to Python.
+A task that does not answer within a second (frozen, stopped, or gone) is the one that stopped answering.
+"""
+import faulthandler
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .errors import print_error
+from .protocol import POSITION, STACKS
+
+ANSWER_SECONDS = 1.0  # for the tasks' dumps
+REQUEST, ANSWER = ".stacks-request", "stacks.txt"  # `distrain stacks`: in the run directory's logs/
+USAGE = "distrain stacks RUN_DIR   (the Python stacks and step of each task of a running run)"
+
+# ---- in the task --------------------------------------------------------------------------------------
+
+_dump_file = None  # (kept open: faulthandler writes to its descriptor)
+
+
+def answer_stack_requests() -> None:
+    """Dump this process's stacks, all threads, into the file the launcher named, on each SIGUSR1."""
+    global _dump_file
+    path = os.environ.get(STACKS)
+    if path and hasattr(signal, "SIGUSR1"):
+        _dump_file = open(path, "a")  # (appending: the launcher empties it before each request)
+        faulthandler.register(signal.SIGUSR1, file=_dump_file, all_threads=True)
+
+
+class Position:
+    """The global step this task's training reached, in the file the launcher named (written at most
+    ten times a second); the file goes when training ends, so that evaluating or saving is no stall."""
+
+    def __init__(self):
+        self.path, self.written = os.environ.get(POSITION), 0.0
+
+    def at(self, step: int) -> None:
+        now = time.monotonic()
+        if self.path and now - self.written >= 0.1:
+            Path(self.path).write_text(str(step))
+            self.written = now
+
+    def done(self) -> None:
+        if self.path:
+            Path(self.path).unlink(missing_ok=True)
+
+
+# ---- in the launcher ----------------------------------------------------------------------------------
+
+def step_of(position: Path) -> int | None:
+    try:
+        return int(position.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def dump(tasks: list) -> dict:
+    """Ask every live task for its stacks; {task name: (its step, its stacks, or "" where it did not
+    answer within ANSWER_SECONDS)}."""
+    asked = {}
+    for task in tasks:
+        if task.proc and task.proc.poll() is None and task.stacks_path:
+            Path(task.stacks_path).write_text("")
+            try:
+                os.kill(task.proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                continue
+            asked[task.name] = task
+    deadline = time.monotonic() + ANSWER_SECONDS
+    while time.monotonic() < deadline and not all(_read(t.stacks_path) for t in asked.values()):
+        time.sleep(0.05)
+    time.sleep(0.1)  # (the last lines of a dump under way)
+    return {name: (step_of(task.position_path), _read(task.stacks_path)) for name, task in asked.items()}
+
+
+def _read(path) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def where(stacks: str, synchronous: bool) -> str:
+    """Where the main thread of a dump waits, in words: the innermost frame of distrain's own code."""
+    threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stacks)
+    main = next((t for t in threads if re.search(rf'{re.escape(os.sep)}task\.py", line \d+ in main', t)), threads[0])
+    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)
+    ours = [(Path(f).name, line, func) for f, line, func in frames if f"{os.sep}distrain{os.sep}" in f]
+    if not ours:
+        return f"in {frames[0][2]}" if frames else "somewhere without a Python frame"
+    name, line, func = ours[0]  # (faulthandler lists the most recent call first)
+    if name == "runners.py" and func == "run":
+        return ("in a training step (the gradients' all-reduce, waiting for its peers)" if synchronous else
+                "waiting for the workers' steps")
+    if name == "checkpoints.py":
+        return "saving a checkpoint"
+    if name == "training.py" and func in ("evaluate", "on_a_copy"):
+        return "evaluating"
+    return f"in {func} ({name}:{line})"
+
+
+def summary(found: dict, synchronous: bool) -> str:
+    """One line: what each task does, the ones that did not answer first."""
+    silent = [f"{name} stopped answering" + (f" at step {step}" if step is not None else "")
+              for name, (step, stacks) in found.items() if not stacks.strip()]
+    waiting = [f"{name} {'waits ' if not where(stacks, synchronous).startswith('waiting') else ''}"
+               f"{where(stacks, synchronous)}" + (f" at step {step}" if step is not None else "")
+               for name, (step, stacks) in found.items() if stacks.strip()]
+    return "; ".join(silent + waiting)
+
+
+def record(found: dict, logs: dict, why: str) -> str:
+    """Each task's stacks into its log (logs: name -> a writer of bytes), under a header saying why."""
+    stamp = time.strftime("%H:%M:%S")
+    for name, (step, stacks) in found.items():
+        header = f"--- Python stacks at {stamp} ({why}), step {step if step is not None else 'unknown'} ---\n"
+        logs[name]((header + (stacks or "(no answer: the process is stopped, frozen or gone)\n")).encode())
+    return stamp
+
+
+# ---- `distrain stacks RUN_DIR` -------------------------------------------------------------------------
+
+def main(argv: list) -> int:
+    """Ask a running run's launcher for every task's stacks, and print them."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    from .rundir import RunDir
+
+    run = RunDir(Path(argv[0]))
+    if not (run.path / "config.yaml").exists():
+        print_error(f"{argv[0]} holds no distrain run (no config.yaml): give the run directory (outputs/DATE/TIME)")
+        return 2
+    state = run.ended()
+    if state not in (None, "running"):
+        print_error(f"the run in {argv[0]} has ended ({state}): stacks are of a run still going; its logs are in "
+                    f"{run.logs}")
+        return 2
+    request, answer = run.logs / REQUEST, run.logs / ANSWER
+    answer.unlink(missing_ok=True)
+    request.write_text(str(os.getpid()))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not answer.exists():
+        time.sleep(0.1)
+    request.unlink(missing_ok=True)
+    if not answer.exists():
+        print_error(f"no launcher answered for the run in {argv[0]} within 10 s: it is not running (killed?), or "
+                    "runs on another machine: run distrain stacks there")
+        return 2
+    sys.stdout.write(answer.read_text())
+    return 0

@@ -1,0 +1,73 @@
+"""Where a run's training time goes: waiting for the next batch (input), the steps themselves (compute),
+and the gradients' all-reduce with the wait for the slowest peer, or under parameter servers the time
+the workers and the coordinator wait for each other (communication). Measured inside the training
+function with tf.timestamp() ops ordered by control dependencies (runners.make_train_steps), and the
+input pipeline's own rate by reading it alone for a moment after training (pipeline.input_rate).
+docs/outputs.md says how each is measured and what it costs. (No TensorFlow here: the launcher reads it.)"""
+PARTS = ("input", "compute", "communication")
+
+
+def shares(wall: float, waited: float, communicated: float) -> dict:
+    """The fractions of `wall` seconds spent waiting for input, communicating, and computing (the rest:
+    the steps, and the loop around them), each in [0, 1], summing to 1."""
+    if wall <= 0:
+        return dict.fromkeys(PARTS, 0.0) | {"compute": 1.0}
+    waited, communicated = min(max(float(waited), 0.0) / wall, 1.0), max(float(communicated), 0.0) / wall
+    communicated = min(communicated, 1.0 - waited)
+    return {"input": round(waited, 4), "compute": round(1.0 - waited - communicated, 4),
+            "communication": round(communicated, 4)}
+
+
+def overall(history: dict, epoch_seconds: list[float]) -> dict:
+    """The split of the whole training from each epoch's (history's time_<part>), weighted by the epochs'
+    seconds, over the epochs after the first (its tracing is no part of a steady step) as examples/s is."""
+    per_epoch = [dict(zip(PARTS, values)) for values in zip(*(history.get(f"time_{p}", []) for p in PARTS))]
+    timed = list(zip(per_epoch, epoch_seconds))[1:] or list(zip(per_epoch, epoch_seconds))
+    total = sum(seconds for _, seconds in timed)
+    if not timed or total <= 0:
+        return {}
+    return {p: round(sum(split[p] * seconds for split, seconds in timed) / total, 4) for p in PARTS}
+
+
+def bound(split: dict) -> str:
+    """What binds the run: the largest part of its time."""
+    return max(PARTS, key=lambda p: split.get(p, 0.0)) if split else ""
+
+
+def probe_seconds(train_seconds: float) -> float:
+    """How long input_rate reads: 1% of the training time, from 0.2 s to 5 s."""
+    return min(max(0.01 * train_seconds, 0.2), 5.0)
+
+
+def verdict(results: dict, data_cfg=None) -> str:
+    """The closing line's word on what binds the run, with a fix where one exists."""
+    split, what = results.get("time_split") or {}, results.get("bound")
+    if not what:
+        return ""
+    share = f"{split[what]:.0%} of the training time"
+    if what == "input":
+        rate = results.get("input_examples_per_sec")
+        line = f"input-bound: waiting for the next batch takes {share}" + (
+            f" (the input pipeline alone delivers {rate:,.0f} examples/s)" if rate else "")
+        return line + input_fix(data_cfg)
+    if what == "communication":
+        if results.get("num_ps"):
+            return (f"communication-bound: workers and the coordinator wait for each other {share}: raise "
+                    "trainer.steps_per_execution (more steps per scheduled function), or use fewer workers")
+        return (f"communication-bound: the gradients' all-reduce and the wait for the slowest worker take {share}: "
+                "a larger trainer.batch_size all-reduces less often per example; on one machine fewer workers, "
+                "or strategy=mirrored")
+    return f"compute-bound: the steps take {share}"
+
+
+def input_fix(data_cfg) -> str:
+    """What speeds up an input pipeline of this data."""
+    if data_cfg is None:
+        return ""
+    source = data_cfg.get("source")
+    if source in ("tfrecord", "images") and not data_cfg.get("cache"):
+        return ("; decoding the images every epoch is the usual cost: data.cache=memory (or a directory) decodes "
+                "them once, and `distrain write-tfrecords encoding=raw` writes pixels that need no decoding")
+    if source in ("tfrecord", "images"):
+        return "; the first epoch decodes into data.cache: the epochs after it read the cache"
+    return "; a data loader of your own: return arrays, or a dataset that caches and prefetches"
