@@ -1,6 +1,6 @@
 """The benchmark suite: distrain against plain Keras and against its own settings, measured side by side.
 
-    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,cpu,threads,pipeline,startup,accuracy,scaling,ps_data,files]
+    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,cpu,threads,pipeline,startup,accuracy,scaling,ps_data,files,ceiling]
 
 Never timed tests: this prints ratios measured in one run. Each round runs every configuration of a
 section back to back, in alternating order (A B, then B A), so drift on a shared machine hits both
@@ -28,14 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TRAIN, PLAIN = HERE.parent / "train.py", HERE / "plain_keras.py"
+TRAIN, PLAIN, CEILING = HERE.parent / "train.py", HERE / "plain_keras.py", HERE / "ceiling.py"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
 # Where distrain is compared with plain Keras for its own cost, both run oneDNN's kernels (the cpu
 # section compares each out of the box).
 ONEDNN, PLAIN_ONEDNN = "trainer.onednn=true", {"TF_ENABLE_ONEDNN_OPTS": "1"}
 SECTIONS = ("overhead", "settings", "cpu", "threads", "pipeline", "startup", "accuracy", "scaling", "ps_data",
-            "files")
+            "files", "ceiling")
 
 
 class Failed(Exception):
@@ -76,6 +76,11 @@ class Bench:
         out, wall = self._run([sys.executable, str(PLAIN), f"--epochs={self.opts.epochs}", *args], cores=cores, env=env)
         return {**json.loads(out.strip().splitlines()[-1]), "wall_seconds": wall}
 
+    def ceiling(self, *args, cores=None) -> dict:
+        """ceiling.py's median examples/s for the config of `train.py ARGS`."""
+        out, wall = self._run([sys.executable, str(CEILING), "--rounds", "3", "--seconds", "4", *args], cores=cores)
+        return {**json.loads(out.strip().splitlines()[-1]), "test_accuracy": float("nan"), "wall_seconds": wall}
+
     def rounds(self, name: str, configs: dict, rounds: int | None = None) -> dict:
         """label -> list of results, one per round; every label once per round, order alternating."""
         rounds = rounds or self.opts.rounds
@@ -104,7 +109,7 @@ class Bench:
 
 def strip(results: dict) -> dict:
     keep = ("examples_per_sec", "steps_per_sec", "test_accuracy", "train_seconds", "seconds_to_first_step",
-            "wall_seconds", "epoch_seconds", "precision_policy", "onednn", "steps_per_execution")
+            "wall_seconds", "epoch_seconds", "precision_policy", "onednn", "steps_per_execution", "time_split")
     return {k: results[k] for k in keep if k in results}
 
 
@@ -139,6 +144,27 @@ def overhead(b: Bench) -> None:
               statistics.median(pairs) >= 0.98)
     b.row("overhead", "test accuracy: distrain - plain Keras fit (points)",
           [100 * (x["test_accuracy"] - y["test_accuracy"]) for x, y in zip(mine, plain)])
+
+
+def ceiling(b: Bench) -> None:
+    """The default run against the machine's compute ceiling for its model and batch, and what the time
+    accounting (trainer.time_split) costs: on / off, interleaved.
+
+    The ceiling (ceiling.py) is forward, backward and the optimizer on one resident batch in a
+    tf.function loop: no input pipeline, no metrics, the same model, global batch and precision."""
+    e = f"trainer.epochs={b.opts.epochs}"
+    got = b.rounds("ceiling", {
+        "default run": lambda: b.train(e),
+        "default run, trainer.time_split=false": lambda: b.train(e, "trainer.time_split=false"),
+        "compute ceiling (ceiling.py)": lambda: b.ceiling("data.source=bundled"),
+    })
+    default, off, top = got["default run"], got["default run, trainer.time_split=false"], got["compute ceiling (ceiling.py)"]
+    b.row("ceiling", "examples/s: the default run / the compute ceiling", ratios(default, top), "", ">= 0.95",
+          statistics.median(ratios(default, top)) >= 0.95)
+    b.row("ceiling", "examples/s: time accounting on / off (its cost)", ratios(default, off), "", ">= 0.97",
+          statistics.median(ratios(default, off)) >= 0.97)
+    for part in ("input", "compute", "communication"):
+        b.row("ceiling", f"the default run's time split: {part}", [r["time_split"][part] for r in default])
 
 
 def settings(b: Bench) -> None:

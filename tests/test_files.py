@@ -2,6 +2,7 @@
 TensorFlow, streamed, sharded per worker, trained under every kind of strategy, resumed exactly, and
 every bad input one line."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -203,8 +204,10 @@ def test_tfrecord_shards_train_on_a_local_cluster_each_worker_its_files(shards, 
     assert results["stopped_early"] == "callbacks.early_stopping (EarlyStopping) stopped training after epoch 2"
     assert len(results["history"]["val_loss"]) == 2
     assert results["history"]["val_loss"][-1] == pytest.approx(results["test_loss"], rel=1e-5)  # the same weights
-    chief = [line for line in out.stdout.splitlines() if not line.startswith("[evaluator-0] ")]
-    assert "stopped training after epoch 2" in chief[-1]  # the run's last line (the evaluator's may come after)
+    chief = [line for line in out.stdout.splitlines() if line.startswith(("[worker-0] ", "[chief-0] "))]
+    assert "stopped training after epoch 2" in chief[-2]  # its results' line (the evaluator's may come after)
+    assert re.search(r"peak resident memory: (chief-0 [\d,]+ MiB, )?worker-0 [\d,]+ MiB, worker-1 [\d,]+ MiB", out.stdout)
+    assert results["time_split"]["communication"] > 0, results["time_split"]  # all-reduce, or waits for a step
     check_evaluations(run_dir, out.stdout, last="ckpt-30", epoch=2)  # 2 epochs of 15 steps, not 20
     if mwms:  # both workers stopped there, together
         logs = [(run_dir / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)]

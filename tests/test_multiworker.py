@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,9 +18,9 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain import data
+from distrain import data, memory
 from distrain.training import train
-from helpers import (assert_nothing_left, check_evaluations, finish, kill_task, make_cfg, run_cli, start, task_state,
+from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_task, make_cfg, run_cli, start, task_state,
                      tensorboard_values, untimed, wait_until, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
@@ -220,13 +222,20 @@ def test_a_parameter_server_worker_with_no_restart_left_leaves_and_the_run_ends_
     ("multi_worker_mirrored", "[worker-0] error: worker 1 stopped answering for 5 s (cluster.peer_timeout)"),
     ("parameter_server", "error: task chief-0 made no progress for 5 s (cluster.peer_timeout)")])
 def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, says):
+    """Before that, at half the timeout, the stall is explained: every live task's stacks go into its log,
+    and one line names the task that stopped answering and where the others wait. `distrain stacks`
+    shows the same while the run goes on; each task's peak memory is the kernel's (/proc)."""
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
                  "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
                  "trainer.verbose=2", "cluster.peer_timeout=5", "cluster.max_restarts=0", "model=mlp")  # 32 steps an epoch
-    log = run_dir / "logs" / ("chief-0.log" if strategy == "parameter_server" else "worker-0.log")
+    trains = "chief-0" if strategy == "parameter_server" else "worker-0"
+    log = run_dir / "logs" / f"{trains}.log"
     try:
         wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
+        asked = subprocess.run([sys.executable, str(TRAIN_PY), "stacks", str(run_dir)], capture_output=True, text=True,
+                               timeout=30)
+        peak_then = memory.resident_mib(task_state(run_dir, trains)["pid"])[0]
         kill_task(run_dir, "worker-1", signal.SIGSTOP)  # alive, but it never answers again
         hung = time.monotonic()
         out = finish(proc)
@@ -236,6 +245,16 @@ def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, sa
     assert proc.returncode == 1, out[-3000:]
     assert time.monotonic() - hung < 5 + 20  # detection, then the stopped task is stopped for good
     assert says in out and "Traceback" not in out, out[-3000:]
+    assert asked.returncode == 0 and f"--- {trains} (step " in asked.stdout, asked.stdout + asked.stderr
+    assert re.search(r'File ".*distrain.(runners|checkpoints|training)\.py", line \d+ in ', asked.stdout), asked.stdout
+    waits = (r"chief-0 is (waiting for the workers' steps|saving a checkpoint) at step \d+" if strategy ==
+             "parameter_server" else r"worker-0 waits in a training step \(the gradients' all-reduce, waiting for "
+             r"its peers\) at step \d+")
+    stalled = re.search(r"stalled: worker-1 stopped answering(?: at step \d+)?; .*", out)
+    assert stalled and re.search(waits, stalled.group(0)), out[-3000:]
+    assert "Python stacks at" in log.read_text() and "(no answer" in (run_dir / "logs" / "worker-1.log").read_text()
+    peaks = {t["name"]: t["peak_rss_mib"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
+    assert peak_then - 0.1 <= peaks[trains] < 2 * peak_then  # the kernel's figure (to 0.1 MiB), looked at while it ran
     assert_nothing_left(run_dir)
 
 

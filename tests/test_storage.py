@@ -23,7 +23,8 @@ from distrain import storage
 WRITTEN_IN_PLACE = {"storage.py": "the atomic write itself", "supervisor.py": "task logs, appended to as they come",
                     "forkserver.py": "its log, appended to as it comes", "process.py": "the heartbeat: only its time",
                     "cluster.py": "core locks, which hold nothing", "data.py": "a download to .part, then renamed",
-                    "plots.py": "a picture to .tmp.png, then renamed"}
+                    "plots.py": "a picture to .tmp.png, then renamed",
+                    "stacks.py": "a task's step and stacks in the scratch directory, read by the launcher alone"}
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic", "data.train_examples=1024",
          "data.test_examples=256", "trainer.batch_size=64", "trainer.verbose=2"]  # 16 steps an epoch

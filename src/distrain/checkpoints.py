@@ -83,10 +83,12 @@ def read_position(path: str) -> Progress | None:
     return Progress(**json.loads(text.decode() if isinstance(text, bytes) else text))
 
 
-def segments(start: int, end: int, per_call: int, every: int, offset: int) -> list:
+def segments(start: int, end: int, per_call: int, every: int, offset: int, marks=()) -> list:
     """The calls (steps per call) from step `start` to `end` of an epoch, cut into segments that end
-    where a checkpoint is due: where the global step (offset + step) is a multiple of `every`."""
-    cuts = sorted({end} | {s for s in range(start + 1, end) if every and (offset + s) % every == 0})
+    where a checkpoint is due (where the global step, offset + step, is a multiple of `every`) and at
+    the global steps `marks` (a profile's start and end)."""
+    cuts = sorted({end} | {s for s in range(start + 1, end) if every and (offset + s) % every == 0 or
+                           offset + s in marks})
     out, previous = [], start
     for cut in cuts:
         n = cut - previous

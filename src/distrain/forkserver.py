@@ -212,6 +212,7 @@ def become_task(config: str, request: dict, out: int) -> int:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when tasks stop
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before a task can answer it (stacks.py)
     # Its command line names the run's config, as each task's does (`ps` tells the runs apart).
     forked = serve(int(sys.argv[2]))
     exit_now(become_task(sys.argv[1], *forked) if forked else 0)  # the server too: it has nothing to save

@@ -56,6 +56,12 @@ class Position:
 
 # ---- in the launcher ----------------------------------------------------------------------------------
 
+def is_dump(line: str) -> bool:
+    """A line of a stacks dump in a task's log (faulthandler's frames: "line N in f", where a Python
+    traceback says "line N, in f"), or of its header."""
+    return bool(re.match(r'  File ".*", line \d+ in |(Current thread|Thread) 0x|--- Python stacks at |\(no answer', line))
+
+
 def step_of(position: Path) -> int | None:
     try:
         return int(position.read_text())
@@ -96,26 +102,27 @@ def where(stacks: str, synchronous: bool) -> str:
     frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)
     ours = [(Path(f).name, line, func) for f, line, func in frames if f"{os.sep}distrain{os.sep}" in f]
     if not ours:
-        return f"in {frames[0][2]}" if frames else "somewhere without a Python frame"
+        return f"is in {frames[0][2]}" if frames else "is somewhere without a Python frame"
     name, line, func = ours[0]  # (faulthandler lists the most recent call first)
     if name == "runners.py" and func == "run":
-        return ("in a training step (the gradients' all-reduce, waiting for its peers)" if synchronous else
-                "waiting for the workers' steps")
+        return ("waits in a training step (the gradients' all-reduce, waiting for its peers)" if synchronous else
+                "is waiting for the workers' steps")
     if name == "checkpoints.py":
-        return "saving a checkpoint"
+        return "is saving a checkpoint"
     if name == "training.py" and func in ("evaluate", "on_a_copy"):
-        return "evaluating"
-    return f"in {func} ({name}:{line})"
+        return "is evaluating"
+    if name == "task.py" and func == "serve":
+        return "serves (a ps or worker server)"
+    return f"is in {func} ({name}:{line})"
 
 
 def summary(found: dict, synchronous: bool) -> str:
     """One line: what each task does, the ones that did not answer first."""
-    silent = [f"{name} stopped answering" + (f" at step {step}" if step is not None else "")
-              for name, (step, stacks) in found.items() if not stacks.strip()]
-    waiting = [f"{name} {'waits ' if not where(stacks, synchronous).startswith('waiting') else ''}"
-               f"{where(stacks, synchronous)}" + (f" at step {step}" if step is not None else "")
-               for name, (step, stacks) in found.items() if stacks.strip()]
-    return "; ".join(silent + waiting)
+    at = lambda step: f" at step {step}" if step is not None else ""  # noqa: E731
+    silent = [f"{name} stopped answering{at(step)}" for name, (step, stacks) in found.items() if not stacks.strip()]
+    busy = [f"{name} {where(stacks, synchronous)}{at(step)}" for name, (step, stacks) in found.items()
+            if stacks.strip()]
+    return "; ".join(silent + busy)
 
 
 def record(found: dict, logs: dict, why: str) -> str:

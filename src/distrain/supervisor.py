@@ -19,7 +19,7 @@ from .errors import print_error
 from .forkserver import ForkServer
 from .memory import Watch
 from .process import die_with_parent
-from .protocol import HEARTBEAT, POSITION, STACKS, is_error, is_ready
+from .protocol import HEARTBEAT, POSITION, SCRATCH, STACKS, is_error, is_ready
 from .restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
 from .rundir import RunDir
 from .storage import write_atomic
@@ -115,7 +115,9 @@ class TaskProcess:
         self.ready = self.hung = False
         self.ended_at = None
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self.stacks_path, self.position_path = self.log_path.with_suffix(".stacks"), self.log_path.with_suffix(".step")
+        # (In the run's scratch directory, which goes when it ends: `distrain stacks` writes what they say.)
+        scratch = Path(os.environ.get(SCRATCH) or self.log_path.parent)
+        self.stacks_path, self.position_path = scratch / f"{self.name}.stacks", scratch / f"{self.name}.step"
         self.position_path.unlink(missing_ok=True)
         env.update({STACKS: str(self.stacks_path), POSITION: str(self.position_path)})
         if self.peer_timeout:
@@ -140,6 +142,7 @@ class TaskProcess:
 
     def _in_child(self) -> None:  # between fork and exec
         die_with_parent()
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before it can answer (stacks.py)
         if self.cores:
             os.sched_setaffinity(0, self.cores)
 
@@ -228,7 +231,7 @@ class TaskProcess:
         """The last lines of its log, without TensorFlow's start-up noise."""
         self.pump.join(timeout=2)
         text = self.log_path.read_text(errors="replace").splitlines()
-        return [line for line in text if not is_noise(line.encode())][-lines:]
+        return [line for line in text if not is_noise(line.encode()) and not stacks.is_dump(line)][-lines:]
 
     def describe(self) -> dict:
         code = self.proc.poll() if self.proc else None

@@ -20,6 +20,7 @@ from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
 from .pipeline import input_rate, train_file_hashes
 from .process import Preempted, Preemption, scratch
+from .profiling import Profile
 from .rundir import RunDir
 from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
 from .strategy import configure_devices, gpu_capabilities, make_strategy, precision_policy
@@ -66,6 +67,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     saves = Checkpoints(model, optimizer, out.checkpoints, t.keep_checkpoints) if t.save_model else None
     progress = resume(saves or Checkpoints(model, optimizer, out.path), run.checkpoints, data.steps) \
         if t.resume else Progress()  # every task reads the chief's checkpoints
+    where = run.tensorboard / (context.task.name if context.task else "train")
+    profile = Profile(t.get("profile"), where, t.epochs * data.steps)  # (checked before anything trains)
     runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, progress)
     KEPT.append(runner)  # (never deleted: runners.KEPT)
     callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
@@ -74,7 +77,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     rebuild = lambda: build(cfg, data, policy)[:2]  # noqa: E731 - a local model and optimizer (parameter servers)
     validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
-               validate, callbacks)
+               validate, callbacks, profile)
     # What the input pipeline delivers alone, read for a moment (1% of the training time) on the chief
     timed = chief and t.time_split
     rate = input_rate(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else None
@@ -266,7 +269,7 @@ def make_validate(cfg, data, model, topology, rebuild, probabilities: bool):
 
 
 def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path | None, validate=None,
-               callbacks: keras.callbacks.CallbackList | None = None) -> None:
+               callbacks: keras.callbacks.CallbackList | None = None, profile: Profile | None = None) -> None:
     """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
     every epoch end and every t.checkpoint_every_steps global steps; TensorBoard logs in log_dir
     (train/, and validation/ for validate()'s). validate(): every t.validate_every epochs and after the
@@ -274,6 +277,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
     synchronous cluster has the same), before its checkpoint; one that sets model.stop_training ends
     the training there."""
     history, callbacks = progress.history, callbacks or keras.callbacks.CallbackList([])
+    profile = profile or Profile(None, Path(), 0)
     board = Scalars(log_dir, validate is not None) if log_dir else None
     if callbacks.model is not None:
         callbacks.model.stop_training = False
@@ -281,7 +285,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
     for epoch in range(progress.epoch, t.epochs):
         if runner.progress:
             print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
-        train_epoch(runner, progress, t, steps, epoch, saves)
+        train_epoch(runner, progress, t, steps, epoch, saves, profile)
         totals, split = runner.end(progress.epoch_seconds[-1])
         split = split if t.time_split else {}
         logs = dict(runner.tally.values(totals))
@@ -315,19 +319,23 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
         board.close()
 
 
-def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves) -> None:
-    """The steps of one epoch from progress.step on, checkpointing within it where due (or preempted)."""
+def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves, profile: Profile) -> None:
+    """The steps of one epoch from progress.step on, checkpointing within it where due (or preempted),
+    tracing the steps of trainer.profile."""
     def diverged(step: int):  # before any checkpoint of the diverged weights
         raise Diverged(f"the training loss became NaN or infinite in epoch {epoch + 1}, step {step} (global step "
                        f"{epoch * steps + step}): lower trainer.learning_rate (now {t.learning_rate}), or with "
                        "trainer.mixed_precision use float32; the checkpoints written before it are kept")
 
-    start = time.perf_counter()
+    start, every = time.perf_counter(), t.checkpoint_every_steps
     runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
     runner.step_base = epoch * steps  # (its position: the global step)
-    for calls in segments(progress.step, steps, runner.per_call, t.checkpoint_every_steps, epoch * steps):
+    for calls in segments(progress.step, steps, runner.per_call, every, epoch * steps, profile.marks):
+        profile.before(epoch * steps + progress.step)
         progress.step += runner.run(calls, on_nan=diverged if t.stop_on_nan else None, stop=Preemption.due)
-        if saves and progress.step < steps:  # a checkpoint within the epoch (due, or preempted)
+        profile.after(epoch * steps + progress.step)
+        due = every and (epoch * steps + progress.step) % every == 0
+        if saves and progress.step < steps and (due or Preemption.requested):  # a checkpoint within the epoch
             progress.totals = runner.totals()
             progress.seconds += time.perf_counter() - start
             start = time.perf_counter()

@@ -53,6 +53,12 @@ class Trainer:
                               NOT_NEGATIVE)
     time_split: bool = key(True, "measure where the training time goes: waiting for input, computing, communicating "
                            "(results.json time_split and bound; docs/outputs.md says how)")
+    profile: Optional[List[int]] = key(None, "[START,END]: a TensorFlow profiler trace of global steps START to END on "
+                                       "every training task, in <run dir>/tensorboard/<task> (TensorBoard's Profile "
+                                       "tab: pip install tensorboard-plugin-profile)",
+                                       Check(lambda v: v is None or (len(v) == 2 and 0 <= v[0] < v[1]),
+                                             "must be [START,END], two global steps with 0 <= START < END"),
+                                       example="[100,120]")
     objective: str = key("test_accuracy", "the number of results.json a sweep's Optuna search optimises "
                          "(test_loss, test_<metric>, final_train_loss, examples_per_sec; set "
                          "hydra.sweeper.direction=minimize for a loss)")

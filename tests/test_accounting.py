@@ -1,0 +1,114 @@
+"""Where a run's time and memory go: the time split and what binds the run, each task's peak memory,
+the profiler switch (stalls and `distrain stacks`: test_multiworker's hung-task test)."""
+import os
+import resource
+import time
+
+import pytest
+import tensorflow as tf
+
+from distrain import memory, pipeline, timesplit
+from distrain.errors import ConfigError
+from distrain.training import train
+from helpers import make_cfg
+
+BUNDLED = ["data.source=bundled", "trainer.verbose=0", "trainer.save_model=false"]
+
+
+# ---- the split's arithmetic ---------------------------------------------------------------------------
+
+def test_shares_sum_to_one_and_the_bound_is_the_largest():
+    split = timesplit.shares(10.0, 3.0, 1.0)
+    assert split == {"input": 0.3, "compute": 0.6, "communication": 0.1}
+    assert sum(split.values()) == pytest.approx(1.0) and timesplit.bound(split) == "compute"
+    assert timesplit.bound(timesplit.shares(10.0, 6.0, 1.0)) == "input"
+    assert timesplit.bound(timesplit.shares(10.0, 1.0, 6.0)) == "communication"
+    # Clock noise never makes a share negative or the sum more than 1.
+    assert timesplit.shares(1.0, 0.8, 0.5) == {"input": 0.8, "compute": 0.0, "communication": 0.2}
+
+
+def test_the_whole_runs_split_weighs_the_epochs_after_the_first_by_their_seconds():
+    history = {"time_input": [0.9, 0.5, 0.1], "time_compute": [0.1, 0.5, 0.9], "time_communication": [0, 0, 0]}
+    split = timesplit.overall(history, [100.0, 1.0, 3.0])  # the first (tracing) is left out
+    assert split == {"input": pytest.approx(0.2), "compute": pytest.approx(0.8), "communication": 0.0}
+    assert timesplit.overall(history, [1.0, 1.0, 1.0]) != split  # control: the weights count
+    assert timesplit.overall({}, [1.0]) == {}
+
+
+def test_the_verdict_names_the_bound_and_a_fix_that_fits_the_data():
+    files = make_cfg("data=tfrecord", "data.train_files=x", "data.test_files=y").data
+    said = timesplit.verdict({"time_split": {"input": 0.6, "compute": 0.4, "communication": 0.0}, "bound": "input",
+                              "input_examples_per_sec": 1234.0}, files)
+    assert said.startswith("input-bound: waiting for the next batch takes 60% of the training time (the input "
+                           "pipeline alone delivers 1,234 examples/s)")
+    assert "data.cache=memory" in said and "write-tfrecords encoding=raw" in said
+    assert "data.cache" not in timesplit.verdict({"time_split": {"compute": 0.9}, "bound": "compute"}, files)
+
+
+# ---- measured in runs ---------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_in_memory_default_is_compute_bound(tmp_path):
+    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=2"), tmp_path)
+    split = results["time_split"]
+    assert set(split) == {"input", "compute", "communication"} and sum(split.values()) == pytest.approx(1, abs=1e-3)
+    assert results["bound"] == "compute" and split["compute"] > 0.5, split
+    assert split["communication"] < 0.1  # one device: nothing to all-reduce
+    assert len(results["history"]["time_input"]) == 2
+    assert results["input_examples_per_sec"] > results["examples_per_sec"]  # the pipeline keeps ahead
+
+
+@pytest.mark.slow
+def test_an_input_pipeline_slow_on_purpose_is_input_bound(tmp_path, monkeypatch):
+    """Each batch waits 20 ms in the pipeline (several steps' compute): the run says input, and what the
+    pipeline alone delivers is about what the run trained at. (Control: the test above, the same run
+    without the wait, says compute.)"""
+    train_split = pipeline.ArraySource.train
+
+    def slow(self, *args, **kwargs):
+        wait = lambda *batch: (tf.py_function(lambda: time.sleep(0.02) or 0, [], tf.int32), batch)[1]  # noqa: E731
+        return train_split(self, *args, **kwargs).map(wait)
+    monkeypatch.setattr(pipeline.ArraySource, "train", slow)
+    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=2", "trainer.batch_size=64"), tmp_path)
+    assert results["bound"] == "input" and results["time_split"]["input"] > 0.5, results["time_split"]
+    assert results["input_examples_per_sec"] == pytest.approx(results["examples_per_sec"], rel=0.5)
+
+
+@pytest.mark.slow
+def test_accounting_off_records_no_split(tmp_path):
+    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=1", "trainer.time_split=false"), tmp_path)
+    assert results["time_split"] == {} and results["bound"] == "" and results["input_examples_per_sec"] is None
+    assert not any(name.startswith("time_") for name in results["history"])
+
+
+@pytest.mark.slow
+def test_the_profiler_traces_the_steps_asked_for(tmp_path, capsys):
+    cfg = make_cfg(*BUNDLED, "trainer.epochs=1", "trainer.profile=[4,6]", "trainer.verbose=2")
+    train(cfg, tmp_path)
+    traces = list((tmp_path / "tensorboard" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert "profile of global steps 4-6 written to" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"trainer.profile=\[4, 6000\] ends after the run's last global step \(62\)"):
+        train(make_cfg(*BUNDLED, "trainer.epochs=1", "trainer.profile=[4,6000]"), tmp_path / "again")
+
+
+# ---- memory -------------------------------------------------------------------------------------------
+
+def test_peak_memory_is_the_kernels_own():
+    peak, now = memory.resident_mib(os.getpid())
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (Linux: kB)
+    assert peak == pytest.approx(own, rel=0.05) and 0 < now <= peak
+    assert memory.resident_mib(2 ** 22 + 1) is None  # control: no such process
+
+
+def test_a_sigkill_is_out_of_memory_only_when_the_kernel_counted_one(monkeypatch):
+    counts = iter([5, 6, 6])
+    monkeypatch.setattr(memory, "oom_kills", lambda: next(counts))
+    watch = memory.Watch()
+    watch.started()
+    watch.peak, watch.last = 2048.0, 1900.0
+    assert watch.killed_for_memory(-9)  # the count went up: 5 -> 6
+    assert "ran out of memory: the kernel killed it (its peak resident memory 2,048 MiB" in watch.why_killed("worker-1")
+    watch.started()  # 6
+    monkeypatch.setattr(memory, "oom_kills", lambda: 6)
+    assert not watch.killed_for_memory(-9) and not watch.killed_for_memory(1)  # controls: no new count; no SIGKILL
