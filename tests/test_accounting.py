@@ -42,6 +42,8 @@ def test_the_verdict_names_the_bound_and_a_fix_that_fits_the_data():
     assert said.startswith("input-bound: waiting for the next batch takes 60% of the training time (the input "
                            "pipeline alone delivers 1,234 examples/s)")
     assert "data.cache=memory" in said and "write-tfrecords encoding=raw" in said
+    images = make_cfg("data=images", "data.path=x").data  # (no shards: the raw encoding is for TFRecord files)
+    assert "encoding=raw" not in timesplit.input_fix(images) and "data.cache=memory" in timesplit.input_fix(images)
     assert "data.cache" not in timesplit.verdict({"time_split": {"compute": 0.9}, "bound": "compute"}, files)
 
 

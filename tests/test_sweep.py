@@ -356,17 +356,22 @@ def _results(strategy, replicas, batch, per_replica, speed):
 def test_partial_sweep_rows_and_weak_scaling(tmp_path):
     """An interrupted sweep: a job that never finished is an `incomplete` row; weak scaling is named."""
     ok = {"status": "ok", "exit_status": 0, "error": "", "log_tail": []}
+    spent = {"time_split": {"input": 0.1, "compute": 0.6, "communication": 0.3}, "bound": "compute",
+             "peak_rss_mib": {"worker-0": 410.5, "worker-1": 402.0}}
     _job(tmp_path, 0, ["cluster.workers=1", "x=1"], ok, _results("multi_worker_mirrored", 1, 128, 128, 1000.0))
-    _job(tmp_path, 1, ["cluster.workers=2", "x=1"], ok, _results("multi_worker_mirrored", 2, 256, 128, 1800.0))
+    _job(tmp_path, 1, ["cluster.workers=2", "x=1"], ok, _results("multi_worker_mirrored", 2, 256, 128, 1800.0) | spent)
     _job(tmp_path, 2, ["cluster.workers=4", "x=1"])  # started, never finished
     rows, varying = sweep.collect(tmp_path)
     assert varying == ["cluster.workers"]
     assert [(r["job"], r["status"]) for r in rows] == [(0, "ok"), (1, "ok"), (2, "incomplete")]
     assert rows[1]["speedup"] == pytest.approx(1.8) and rows[1]["efficiency"] == pytest.approx(0.9)
+    # Where each job's time went, and its largest task's peak memory (blank where a run did not say).
+    assert [(r["communication"], r["bound"], r["peak_rss_mib"]) for r in rows[:2]] == [("", "", ""), (0.3, "compute", 410.5)]
     assert sweep.scaling_notes(rows) == ["multi_worker_mirrored over 1/2 replicas: weak scaling (per-replica "
                                          "batch 128 fixed, work grows with the replicas)"]
     summary = sweep.summarize(tmp_path, out=open(os.devnull, "w"))
     assert summary.failed == [rows[2]] and is_png(tmp_path / "scaling.png")
+    assert "| 0.10 | 0.60 | 0.30 | compute | 410 |" in (tmp_path / "summary.md").read_text()
     strong = [dict(r, global_batch=128, per_replica_batch=128 // r["replicas"]) for r in rows[:2]]
     assert sweep.scaling_notes(strong) == ["multi_worker_mirrored over 1/2 replicas: strong scaling (global batch "
                                            "128 fixed, split over the replicas)"]

@@ -66,8 +66,10 @@ def input_fix(data_cfg) -> str:
         return ""
     source = data_cfg.get("source")
     if source in ("tfrecord", "images") and not data_cfg.get("cache"):
+        raw = ", and shards written by `distrain write-tfrecords encoding=raw` hold pixels that need no decoding" \
+            if source == "tfrecord" else ""
         return ("; decoding the images every epoch is the usual cost: data.cache=memory (or a directory) decodes "
-                "them once, and `distrain write-tfrecords encoding=raw` writes pixels that need no decoding")
+                f"them once{raw}")
     if source in ("tfrecord", "images"):
         return "; the first epoch decodes into data.cache: the epochs after it read the cache"
     return "; a data loader of your own: return arrays, or a dataset that caches and prefetches"
