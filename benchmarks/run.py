@@ -1,6 +1,6 @@
 """The benchmark suite: distrain against plain Keras and against its own settings, measured side by side.
 
-    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,settings,cpu,threads,pipeline,startup,accuracy,scaling,ps_data,files,ceiling]
+    python benchmarks/run.py [--rounds 5] [--epochs 4] [--only overhead,...,ceiling,decode]
 
 Never timed tests: this prints ratios measured in one run. Each round runs every configuration of a
 section back to back, in alternating order (A B, then B A), so drift on a shared machine hits both
@@ -35,7 +35,7 @@ QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
 # section compares each out of the box).
 ONEDNN, PLAIN_ONEDNN = "trainer.onednn=true", {"TF_ENABLE_ONEDNN_OPTS": "1"}
 SECTIONS = ("overhead", "settings", "cpu", "threads", "pipeline", "startup", "accuracy", "scaling", "ps_data",
-            "files", "ceiling")
+            "files", "ceiling", "decode")
 
 
 class Failed(Exception):
@@ -109,7 +109,8 @@ class Bench:
 
 def strip(results: dict) -> dict:
     keep = ("examples_per_sec", "steps_per_sec", "test_accuracy", "train_seconds", "seconds_to_first_step",
-            "wall_seconds", "epoch_seconds", "precision_policy", "onednn", "steps_per_execution", "time_split")
+            "wall_seconds", "epoch_seconds", "precision_policy", "onednn", "steps_per_execution", "time_split",
+            "input_examples_per_sec")
     return {k: results[k] for k in keep if k in results}
 
 
@@ -165,6 +166,36 @@ def ceiling(b: Bench) -> None:
           statistics.median(ratios(default, off)) >= 0.97)
     for part in ("input", "compute", "communication"):
         b.row("ceiling", f"the default run's time split: {part}", [r["time_split"][part] for r in default])
+
+
+def decode(b: Bench) -> None:
+    """Fashion-MNIST (60,000 images) from PNG TFRecord shards against the same images in memory: the first
+    epoch (every image decoded), and the epochs after it with data.cache=memory; what the PNG pipeline
+    delivers alone, and where the PNG run's time goes."""
+    if not (FASHION / "train-images-idx3-ubyte.gz").exists():
+        b.row("decode", "PNG shards of 60,000 images", f"not measured (no {FASHION}: apt-get install "
+              "dataset-fashion-mnist)")
+        return
+    shards = b.workdir / "fashion-png"
+    b._run([sys.executable, str(TRAIN), "write-tfrecords", "data=fashion_mnist", f"out={shards}", "shards=8"])
+    png = ["data=tfrecord", f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*",
+           "data.num_classes=10"]
+    e = "trainer.epochs=3"
+    got = b.rounds("decode", {
+        "arrays in memory (data=fashion_mnist)": lambda: b.train(e, "data=fashion_mnist"),
+        "PNG shards": lambda: b.train(e, *png),
+        "PNG shards, data.cache=memory": lambda: b.train(e, *png, "data.cache=memory"),
+    }, rounds=max(1, b.opts.rounds - 2))
+    arrays, streamed, cached = (got[k] for k in got)
+    first = [a["epoch_seconds"][0] / p["epoch_seconds"][0] for a, p in zip(arrays, streamed)]
+    b.row("decode", "PNG shards / arrays, examples/s of the first epoch (decoding every image)", first, "",
+          ">= 0.85", statistics.median(first) >= 0.85)
+    b.row("decode", "PNG shards with data.cache=memory / arrays, examples/s after the first epoch",
+          ratios(cached, arrays), "", ">= 0.97", statistics.median(ratios(cached, arrays)) >= 0.97)
+    b.row("decode", "PNG shards: the input pipeline alone (input_examples_per_sec) / arrays' training examples/s",
+          [p["input_examples_per_sec"] / a["examples_per_sec"] for a, p in zip(arrays, streamed)], "x")
+    b.row("decode", "PNG shards: the share of time waiting for input", [p["time_split"]["input"] for p in streamed])
+    b.row("decode", "arrays in memory: the share of time waiting for input", [a["time_split"]["input"] for a in arrays])
 
 
 def settings(b: Bench) -> None:

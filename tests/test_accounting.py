@@ -1,8 +1,12 @@
 """Where a run's time and memory go: the time split and what binds the run, each task's peak memory,
 the profiler switch (stalls and `distrain stacks`: test_multiworker's hung-task test)."""
+import json
 import os
 import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -10,7 +14,7 @@ import tensorflow as tf
 from distrain import memory, pipeline, timesplit
 from distrain.errors import ConfigError
 from distrain.training import train
-from helpers import make_cfg
+from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg
 
 BUNDLED = ["data.source=bundled", "trainer.verbose=0", "trainer.save_model=false"]
 
@@ -45,6 +49,10 @@ def test_the_verdict_names_the_bound_and_a_fix_that_fits_the_data():
     images = make_cfg("data=images", "data.path=x").data  # (no shards: the raw encoding is for TFRecord files)
     assert "encoding=raw" not in timesplit.input_fix(images) and "data.cache=memory" in timesplit.input_fix(images)
     assert "data.cache" not in timesplit.verdict({"time_split": {"compute": 0.9}, "bound": "compute"}, files)
+    busy = timesplit.verdict({"time_split": {"compute": 0.9}, "bound": "compute", "input_cpu_share": 0.25}, files)
+    assert "; the input pipeline takes 25% as much CPU time as training, on the same cores; decoding" in busy
+    assert timesplit.cpu_share(2e-5, [9.0, 1.0, 1.0], 1000, 0) == pytest.approx(0.02)  # first epoch left out
+    assert timesplit.cpu_share(2e-5, [1.0, 1.0], 1000, ps=1) is None  # the coordinator computes no step
 
 
 # ---- measured in runs ---------------------------------------------------------------------------------
@@ -58,6 +66,7 @@ def test_the_in_memory_default_is_compute_bound(tmp_path):
     assert split["communication"] < 0.1  # one device: nothing to all-reduce
     assert len(results["history"]["time_input"]) == 2
     assert results["input_examples_per_sec"] > results["examples_per_sec"]  # the pipeline keeps ahead
+    assert 0 < results["input_cpu_share"] < 0.15  # gathering arrays in memory costs little CPU
 
 
 @pytest.mark.slow
@@ -114,3 +123,40 @@ def test_a_sigkill_is_out_of_memory_only_when_the_kernel_counted_one(monkeypatch
     watch.started()  # 6
     monkeypatch.setattr(memory, "oom_kills", lambda: 6)
     assert not watch.killed_for_memory(-9) and not watch.killed_for_memory(1)  # controls: no new count; no SIGKILL
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A memory cgroup of 200 MiB (cgroup v2 or v1), removed after the test; skipped where none can be made."""
+    v2 = Path("/sys/fs/cgroup")
+    base, limit = (v2, "memory.max") if (v2 / "cgroup.controllers").exists() else (v2 / "memory", "memory.limit_in_bytes")
+    group = base / f"distrain-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / limit).write_text(str(200 * 2 ** 20))
+    except OSError as exc:
+        pytest.skip(f"no memory cgroup can be made here ({exc}): run as root on Linux")
+    yield group
+    for _ in range(50):  # (its processes gone: then it can go)
+        try:
+            group.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_task_the_kernel_kills_for_memory_is_said_to_be_out_of_memory(tmp_path, memory_cgroup):
+    """The run in a 200 MiB cgroup: its training task grows past it (the cgroup is charged the pages it
+    is first to use: about 330 MiB for the launcher and the task together) and the kernel kills it.
+    (Control: a SIGKILL without the kernel's count going up is no memory, test above.)"""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", "data.source=bundled",
+                           "trainer.epochs=1", "trainer.verbose=0", "cluster.max_restarts=0"],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path,
+                          preexec_fn=lambda: (memory_cgroup / "cgroup.procs").write_text(str(os.getpid())))
+    assert proc.returncode != 0
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert said and said[0].startswith("error: task train ran out of memory: the kernel killed it"), proc.stderr[-2000:]
+    assert json.loads((run_dir / "status.json").read_text())["error"].startswith("task train ran out of memory")
+    assert_nothing_left(run_dir)

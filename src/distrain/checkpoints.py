@@ -22,6 +22,7 @@ class Progress:
     totals: list = field(default_factory=list)  # the epoch's sums so far (metrics.Tally; none yet: [])
     history: dict = field(default_factory=dict)  # name -> a value per epoch: the loss, then each metric
     epoch_seconds: list = field(default_factory=list)
+    epoch_cpu_seconds: list = field(default_factory=list)  # this process's CPU time (every thread) per epoch
     seconds: float = 0.0  # spent training the current epoch so far
     restarts: int = 0  # times this run was resumed
     resumed_from_step: int | None = None

@@ -58,6 +58,7 @@ class Watch:
         return code == -9 and None not in (now, self.kills_before) and now > self.kills_before
 
     def why_killed(self, name: str) -> str:
-        return (f"task {name} ran out of memory: the kernel killed it (its peak resident memory {self.peak:,.0f} MiB, "
-                f"{self.last:,.0f} MiB at the last look); give it more memory, or lower trainer.batch_size or the "
-                "number of tasks on this machine")
+        seen = f" (its peak resident memory {self.peak:,.0f} MiB, {self.last:,.0f} MiB at the last look)" \
+            if self.peak else " (before the launcher's first look at its memory)"
+        return (f"task {name} ran out of memory: the kernel killed it{seen}; give it more memory, or lower "
+                "trainer.batch_size or the number of tasks on this machine")

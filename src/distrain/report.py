@@ -36,7 +36,9 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "history": history, "seed": t.seed}
     split = timesplit.overall(history, seconds)
     found |= {"time_split": split, "bound": timesplit.bound(split),
-              "input_examples_per_sec": round(f["input_examples_per_sec"], 1) if f.get("input_examples_per_sec") else None}
+              "input_examples_per_sec": round(f["input_examples_per_sec"], 1) if f.get("input_examples_per_sec") else None,
+              "input_cpu_share": timesplit.cpu_share(f.get("input_cpu_per_example"), progress.epoch_cpu_seconds,
+                                                     data.steps * t.batch_size / f["num_workers"], f["num_ps"])}
     found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}
     if progress.stopped_early:  # a callback's decision: the run is ok, with fewer epochs
         found["stopped_early"] = progress.stopped_early

@@ -79,6 +79,12 @@ def gpu_capabilities() -> list[tuple]:
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
+def gpu_peak_mib() -> dict:
+    """Each GPU's peak memory in this process, in MiB, by device ({} without GPUs)."""
+    return {f"GPU:{i}": round(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"] / 2 ** 20, 1)
+            for i in range(len(tf.config.list_logical_devices("GPU")))}
+
+
 def make_strategy(strategy_cfg, context=None, peer_timeout: float | None = None) -> tf.distribute.Strategy:
     """Cluster strategies take this task's place in the cluster from its context (context.RunContext).
     peer_timeout: seconds after which a multi-worker mirrored peer that stopped answering fails the run."""

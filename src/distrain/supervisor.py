@@ -459,7 +459,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
             if said and code == 2:  # the task named the cause itself (bad input it found): that is the error
                 error = said[-1]
             outcome = Outcome(code, "failed", error, tail)
-            if (len(tasks) > 1 or task.hung) and not said:  # (its lines were mixed with the others')
+            killed = why.startswith(f"task {task.name} ran out of memory")  # (it could not say so itself)
+            if (len(tasks) > 1 or task.hung or killed) and not said:  # (its lines were mixed with the others')
                 print_failure(outcome, task.log_path)
             return outcome
         elif code:

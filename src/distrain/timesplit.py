@@ -2,9 +2,10 @@
 and the gradients' all-reduce with the wait for the slowest peer, or under parameter servers the time
 the workers and the coordinator wait for each other (communication). Measured inside the training
 function with tf.timestamp() ops ordered by control dependencies (runners.make_train_steps), and the
-input pipeline's own rate by reading it alone for a moment after training (pipeline.input_rate).
+input pipeline's own rate by reading it alone for a moment after training (pipeline.read_alone).
 docs/outputs.md says how each is measured and what it costs. (No TensorFlow here: the launcher reads it.)"""
 PARTS = ("input", "compute", "communication")
+INPUT_CPU_SAID = 0.15  # an input pipeline's CPU time, against training's, worth a word in the closing line
 
 
 def shares(wall: float, waited: float, communicated: float) -> dict:
@@ -29,13 +30,24 @@ def overall(history: dict, epoch_seconds: list[float]) -> dict:
     return {p: round(sum(split[p] * seconds for split, seconds in timed) / total, 4) for p in PARTS}
 
 
+def cpu_share(input_per_example: float | None, epoch_cpu: list[float], examples_per_epoch: float,
+              ps: int) -> float | None:
+    """The CPU time the input pipeline takes (read alone) against the CPU time training takes, per example,
+    in the epochs after the first: on the same cores, what the input takes from the steps. None where it
+    was not measured, or under parameter servers (the coordinator that measures it computes no step)."""
+    timed = epoch_cpu[1:] or epoch_cpu
+    if not input_per_example or not timed or ps or sum(timed) <= 0:
+        return None
+    return round(input_per_example / (sum(timed) / (examples_per_epoch * len(timed))), 4)
+
+
 def bound(split: dict) -> str:
     """What binds the run: the largest part of its time."""
     return max(PARTS, key=lambda p: split.get(p, 0.0)) if split else ""
 
 
 def probe_seconds(train_seconds: float) -> float:
-    """How long input_rate reads: 1% of the training time, from 0.2 s to 5 s."""
+    """How long pipeline.read_alone reads: 1% of the training time, from 0.2 s to 5 s."""
     return min(max(0.01 * train_seconds, 0.2), 5.0)
 
 
@@ -57,7 +69,11 @@ def verdict(results: dict, data_cfg=None) -> str:
         return (f"communication-bound: the gradients' all-reduce and the wait for the slowest worker take {share}: "
                 "a larger trainer.batch_size all-reduces less often per example; on one machine fewer workers, "
                 "or strategy=mirrored")
-    return f"compute-bound: the steps take {share}"
+    line = f"compute-bound: the steps take {share}"
+    taken = results.get("input_cpu_share")
+    if taken and taken >= INPUT_CPU_SAID:  # the input competes with the steps for the same cores
+        line += f"; the input pipeline takes {taken:.0%} as much CPU time as training, on the same cores{input_fix(data_cfg)}"
+    return line
 
 
 def input_fix(data_cfg) -> str:
@@ -72,4 +88,6 @@ def input_fix(data_cfg) -> str:
                 f"them once{raw}")
     if source in ("tfrecord", "images"):
         return "; the first epoch decodes into data.cache: the epochs after it read the cache"
-    return "; a data loader of your own: return arrays, or a dataset that caches and prefetches"
+    if source == "loader":
+        return "; a data loader of your own: return the arrays it reads, decoded"
+    return ""

@@ -18,12 +18,12 @@ from .inputs import Arrays, Files, load_data
 from .metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, pick_accuracy
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
-from .pipeline import input_rate, train_file_hashes
+from .pipeline import read_alone, train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .profiling import Profile
 from .rundir import RunDir
 from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
-from .strategy import configure_devices, gpu_capabilities, make_strategy, precision_policy
+from .strategy import configure_devices, gpu_capabilities, gpu_peak_mib, make_strategy, precision_policy
 from .timesplit import probe_seconds
 
 
@@ -80,7 +80,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
                validate, callbacks, profile)
     # What the input pipeline delivers alone, read for a moment (1% of the training time) on the chief
     timed = chief and t.time_split
-    rate = input_rate(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else None
+    rate, cpu = read_alone(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else (None, None)
     model, optimizer = runner.finish(model, rebuild)
     compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
     test = evaluate(model, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
@@ -89,7 +89,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         save_model(model, out.saved_model, data.class_names, include_optimizer=plain_keras(optimizer))
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
-    facts = runner.describe(t.batch_size) | about(model, probabilities, policy) | {"input_examples_per_sec": rate}
+    facts = runner.describe(t.batch_size) | about(model, probabilities, policy) | {"input_examples_per_sec": rate,
+                                                                                 "input_cpu_per_example": cpu}
     return report.results(cfg, data, progress, test, facts), model
 
 
@@ -110,7 +111,8 @@ def build(cfg, data: Arrays, policy: str) -> tuple:
 def about(model, probabilities: bool, policy: str) -> dict:
     """The model's size and outputs, and what it computed with (results.json)."""
     return {"model_params": model.count_params(), "model_outputs": "probabilities" if probabilities else "logits",
-            "precision_policy": policy, "onednn": cpu.onednn_on(), "tensorflow_version": tf.__version__}
+            "precision_policy": policy, "onednn": cpu.onednn_on(), "tensorflow_version": tf.__version__,
+            **({"gpu_peak_mib": gpus} if (gpus := gpu_peak_mib()) else {})}  # (the chief's own GPUs)
 
 
 def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimizer, probabilities: bool,
@@ -327,7 +329,7 @@ def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves, pr
                        f"{epoch * steps + step}): lower trainer.learning_rate (now {t.learning_rate}), or with "
                        "trainer.mixed_precision use float32; the checkpoints written before it are kept")
 
-    start, every = time.perf_counter(), t.checkpoint_every_steps
+    start, cpu, every = time.perf_counter(), time.process_time(), t.checkpoint_every_steps
     runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
     runner.step_base = epoch * steps  # (its position: the global step)
     for calls in segments(progress.step, steps, runner.per_call, every, epoch * steps, profile.marks):
@@ -343,6 +345,7 @@ def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves, pr
         if Preemption.requested and progress.step < steps:
             raise Preempted(epoch * steps + progress.step, mid_epoch=True)
     progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
+    progress.epoch_cpu_seconds.append(time.process_time() - cpu)
 
 
 class Scalars:
