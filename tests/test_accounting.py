@@ -14,7 +14,7 @@ import tensorflow as tf
 from distrain import memory, pipeline, timesplit
 from distrain.errors import ConfigError
 from distrain.training import train
-from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg
+from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, small
 
 BUNDLED = ["data.source=bundled", "trainer.verbose=0", "trainer.save_model=false"]
 
@@ -58,8 +58,8 @@ def test_the_verdict_names_the_bound_and_a_fix_that_fits_the_data():
 # ---- measured in runs ---------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_the_in_memory_default_is_compute_bound(tmp_path):
-    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=2"), tmp_path)
+def test_the_in_memory_default_is_compute_bound_and_profiles_the_steps_asked_for(tmp_path, capsys):
+    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=2", "trainer.profile=[64,66]", "trainer.verbose=2"), tmp_path)
     split = results["time_split"]
     assert set(split) == {"input", "compute", "communication"} and sum(split.values()) == pytest.approx(1, abs=1e-3)
     assert results["bound"] == "compute" and split["compute"] > 0.5, split
@@ -67,6 +67,15 @@ def test_the_in_memory_default_is_compute_bound(tmp_path):
     assert len(results["history"]["time_input"]) == 2
     assert results["input_examples_per_sec"] > results["examples_per_sec"]  # the pipeline keeps ahead
     assert 0 < results["input_cpu_share"] < 0.15  # gathering arrays in memory costs little CPU
+    # The profiler: a trace of global steps 64-66 (the second epoch's calls cut there), where TensorBoard reads it.
+    traces = list((tmp_path / "tensorboard" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert "profile of global steps 64-66 written to" in capsys.readouterr().out
+
+
+def test_a_profile_after_the_last_step_is_refused_before_training(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.profile=\[4, 6000\] ends after the run's last global step \(16\)"):
+        train(small("trainer.profile=[4,6000]"), tmp_path)
 
 
 @pytest.mark.slow
@@ -87,20 +96,10 @@ def test_an_input_pipeline_slow_on_purpose_is_input_bound(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_accounting_off_records_no_split(tmp_path):
-    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=1", "trainer.time_split=false"), tmp_path)
+    results, _ = train(small("trainer.time_split=false"), tmp_path)
     assert results["time_split"] == {} and results["bound"] == "" and results["input_examples_per_sec"] is None
     assert not any(name.startswith("time_") for name in results["history"])
-
-
-@pytest.mark.slow
-def test_the_profiler_traces_the_steps_asked_for(tmp_path, capsys):
-    cfg = make_cfg(*BUNDLED, "trainer.epochs=1", "trainer.profile=[4,6]", "trainer.verbose=2")
-    train(cfg, tmp_path)
-    traces = list((tmp_path / "tensorboard" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
-    assert len(traces) == 1 and traces[0].stat().st_size > 0
-    assert "profile of global steps 4-6 written to" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match=r"trainer.profile=\[4, 6000\] ends after the run's last global step \(62\)"):
-        train(make_cfg(*BUNDLED, "trainer.epochs=1", "trainer.profile=[4,6000]"), tmp_path / "again")
+    assert train(small(), tmp_path / "on")[0]["bound"]  # control: on by default
 
 
 # ---- memory -------------------------------------------------------------------------------------------

@@ -105,6 +105,8 @@ def _help(root: DictConfig) -> str:
   distrain -m key=a,b ...                         a sweep: one run per value, then a summary
   distrain summarize SWEEP_DIR                    (re)build a sweep's summary
   distrain stacks RUN_DIR                         each task's Python stacks and step, in a running run
+  distrain evaluate RUN_DIR [overrides]           a run's model on its test data, or on the data named
+  distrain predict RUN_DIR [overrides] out=F.npz  its outputs for every example, in order (.npz, .csv)
   (In a checkout, `python train.py` is the same as `distrain`.)
 
 == Groups (group=option) ==
@@ -238,15 +240,23 @@ def main() -> None:
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     logging.raiseExceptions = False  # a log file that cannot be written (a full disk): no traceback per line
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    command = sys.argv.pop(1) if sys.argv[1:2] == ["write-tfrecords"] else None
+    command = sys.argv.pop(1) if sys.argv[1:2] in (["write-tfrecords"], ["evaluate"], ["predict"]) else None
+    run_dir = sys.argv.pop(1) if command in ("evaluate", "predict") and sys.argv[1:2] and \
+        not sys.argv[1].startswith("-") and "=" not in sys.argv[1] else None
     flags, overrides = _flags_first(sys.argv[1:])
     sys.argv[1:] = flags + overrides
     OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
+        asks_help = bool({"-h", "--help"} & set(flags))
+        if command in ("evaluate", "predict"):  # the trained model; the config directories and overrides a run takes
+            from . import inference
+
+            sys.exit(inference.main(command, ([run_dir] if run_dir else []) + overrides, lambda o: _compose(flags, o),
+                                    help=asks_help))
         if command:  # (a tool of its own; it takes the config directories and overrides a run takes)
             from . import tfrecords
 
-            sys.exit(tfrecords.main(overrides, lambda o: _compose(flags, o), help=bool({"-h", "--help"} & set(flags))))
+            sys.exit(tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help))
         if _quick_help(flags, overrides):
             return
         if not _printed_config(flags, overrides):

@@ -130,7 +130,8 @@ class FileSource:
         self.found, self.data = found, data
 
     def test(self, cfg) -> tf.data.Dataset:
-        ds = self._records(self.found.test_files, self.found.test_labels).batch(cfg.trainer.batch_size)
+        # (file by file: each test example in the files' order, then the records', as predict promises)
+        ds = self._records(self.found.test_files, self.found.test_labels, in_order=True).batch(cfg.trainer.batch_size)
         return ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
 
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
@@ -193,10 +194,10 @@ class FileSource:
             f"{pipelines} (fewer files than workers; as many files as workers would spare the reading)")
 
     def _records(self, files: list, labels: list, seed: int | None = None, shard=None,
-                 check: bool = False) -> tf.data.Dataset:
+                 check: bool = False, in_order: bool = False) -> tf.data.Dataset:
         """Image files: (path, label) pairs; TFRecord files: (file, index, serialized record), interleaved.
         seed: the files in a new order each pass, seeded (None: in order). shard: (pipelines, this one), of
-        the files.
+        the files. in_order: one file after the other, else several interleaved (the training's).
         check: a parameter-server worker's, which first checks that it sees the coordinator's files."""
         images = self.found.kind == "images"
         slices = (files, tf.constant(labels, tf.int32)) if images else files
@@ -212,7 +213,7 @@ class FileSource:
         if images:
             return ds
         return ds.interleave(unconverted(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))),
-                             cycle_length=min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+                             cycle_length=1 if in_order else min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
 
     @unconverted

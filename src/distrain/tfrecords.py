@@ -60,8 +60,8 @@ def _ints(value: int):
 
 
 @contextlib.contextmanager
-def tensorflow_lines_to(out: Path):
-    """TensorFlow's own lines (its C++ start-up: oneDNN, CUDA probes) into OUT/write-tfrecords.log, not
+def tensorflow_lines_to(out: Path, name: str = "write-tfrecords.log"):
+    """TensorFlow's own lines (its C++ start-up: oneDNN, CUDA probes) into OUT/<name>, not
     the terminal, as a run keeps them in its logs/; this command's lines, Python's, still reach stderr.
     Where nothing was written (bad input), the log goes too."""
     log = tempfile.NamedTemporaryFile(prefix="write-tfrecords-", suffix=".log", delete=False)
@@ -77,7 +77,7 @@ def tensorflow_lines_to(out: Path):
         os.close(terminal)
         log.close()
         if out.is_dir():
-            shutil.move(log.name, out / "write-tfrecords.log")
+            shutil.move(log.name, out / name)
         else:
             os.unlink(log.name)
 
