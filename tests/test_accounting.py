@@ -59,7 +59,8 @@ def test_the_verdict_names_the_bound_and_a_fix_that_fits_the_data():
 
 @pytest.mark.slow
 def test_the_in_memory_default_is_compute_bound_and_profiles_the_steps_asked_for(tmp_path, capsys):
-    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=2", "trainer.profile=[64,66]", "trainer.verbose=2"), tmp_path)
+    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=2", "trainer.steps_per_epoch=24", "trainer.profile=[28,30]",
+                                "trainer.verbose=2"), tmp_path)
     split = results["time_split"]
     assert set(split) == {"input", "compute", "communication"} and sum(split.values()) == pytest.approx(1, abs=1e-3)
     assert results["bound"] == "compute" and split["compute"] > 0.5, split
@@ -67,10 +68,10 @@ def test_the_in_memory_default_is_compute_bound_and_profiles_the_steps_asked_for
     assert len(results["history"]["time_input"]) == 2
     assert results["input_examples_per_sec"] > results["examples_per_sec"]  # the pipeline keeps ahead
     assert 0 < results["input_cpu_share"] < 0.15  # gathering arrays in memory costs little CPU
-    # The profiler: a trace of global steps 64-66 (the second epoch's calls cut there), where TensorBoard reads it.
+    # The profiler: a trace of global steps 28-30 (the second epoch's calls cut there), where TensorBoard reads it.
     traces = list((tmp_path / "tensorboard" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
-    assert "profile of global steps 64-66 written to" in capsys.readouterr().out
+    assert "profile of global steps 28-30 written to" in capsys.readouterr().out
 
 
 def test_a_profile_after_the_last_step_is_refused_before_training(tmp_path):
@@ -80,16 +81,16 @@ def test_a_profile_after_the_last_step_is_refused_before_training(tmp_path):
 
 @pytest.mark.slow
 def test_an_input_pipeline_slow_on_purpose_is_input_bound(tmp_path, monkeypatch):
-    """Each batch waits 20 ms in the pipeline (several steps' compute): the run says input, and what the
-    pipeline alone delivers is about what the run trained at. (Control: the test above, the same run
-    without the wait, says compute.)"""
+    """Each batch waits 50 ms in the pipeline (many times the mlp's step, on any machine): the run says
+    input, and what the pipeline alone delivers is about what the run trained at. (Control: the test
+    above, the same data without the wait, says compute.)"""
     train_split = pipeline.ArraySource.train
 
     def slow(self, *args, **kwargs):
-        wait = lambda *batch: (tf.py_function(lambda: time.sleep(0.02) or 0, [], tf.int32), batch)[1]  # noqa: E731
+        wait = lambda *batch: (tf.py_function(lambda: time.sleep(0.05) or 0, [], tf.int32), batch)[1]  # noqa: E731
         return train_split(self, *args, **kwargs).map(wait)
     monkeypatch.setattr(pipeline.ArraySource, "train", slow)
-    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=2", "trainer.batch_size=64"), tmp_path)
+    results, _ = train(make_cfg(*BUNDLED, "model=mlp", "trainer.epochs=2", "trainer.steps_per_epoch=12"), tmp_path)
     assert results["bound"] == "input" and results["time_split"]["input"] > 0.5, results["time_split"]
     assert results["input_examples_per_sec"] == pytest.approx(results["examples_per_sec"], rel=0.5)
 
@@ -159,3 +160,20 @@ def test_a_task_the_kernel_kills_for_memory_is_said_to_be_out_of_memory(tmp_path
     assert said and said[0].startswith("error: task train ran out of memory: the kernel killed it"), proc.stderr[-2000:]
     assert json.loads((run_dir / "status.json").read_text())["error"].startswith("task train ran out of memory")
     assert_nothing_left(run_dir)
+
+
+def test_stacks_of_a_run_that_ended_or_of_no_run_is_one_line(tmp_path, capsys, monkeypatch):
+    from distrain import stacks
+
+    assert stacks.main([str(tmp_path)]) == 2
+    assert f"error: {tmp_path} holds no distrain run (no config.yaml)" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text("trainer: {}\n")
+    (tmp_path / "status.json").write_text(json.dumps({"status": "ok", "exit_status": 0}))
+    assert stacks.main([str(tmp_path)]) == 2
+    assert f"error: the run in {tmp_path} has ended (ok): stacks are of a run still going" in capsys.readouterr().err
+    (tmp_path / "status.json").write_text(json.dumps({"status": "running"}))  # its launcher killed: none answers
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setattr(stacks, "WAIT_SECONDS", 0.3)
+    assert stacks.main([str(tmp_path)]) == 2
+    assert "no launcher answered for the run in" in capsys.readouterr().err
+    assert not (tmp_path / "logs" / stacks.REQUEST).exists()  # its request taken back

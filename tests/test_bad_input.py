@@ -58,6 +58,8 @@ CASES = [
     ("lr-text", ["trainer.learning_rate=fast"], "trainer.learning_rate=fast must be a number"),
     ("seed-text", ["trainer.seed=abc"], "trainer.seed=abc must be an integer"),
     ("spe-text", ["trainer.steps_per_execution=x"], "trainer.steps_per_execution=x must be an integer"),
+    ("profile-backwards", ["trainer.profile=[5,3]"], "trainer.profile=[5, 3] must be [START,END], two global steps "
+                                                     "with 0 <= START < END: set e.g. trainer.profile=[100,120]"),
     ("bool-maybe", ["trainer.mixed_precision=maybe"], "trainer.mixed_precision=maybe is not one of false, true, auto"),
     ("bool-perhaps", ["trainer.jit_compile=perhaps"], "trainer.jit_compile=perhaps must be true or false"),
     ("bool-save", ["trainer.save_model=nope"], "trainer.save_model=nope must be true or false"),

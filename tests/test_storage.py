@@ -20,7 +20,8 @@ from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, finish, in
 from distrain import storage
 
 # Files written in place, not through storage.write_atomic, and why that is safe.
-WRITTEN_IN_PLACE = {"storage.py": "the atomic write itself", "supervisor.py": "task logs, appended to as they come",
+WRITTEN_IN_PLACE = {"storage.py": "the atomic write itself", "task_output.py": "task logs, appended to as they come",
+                    "supervisor.py": "a task's stacks, appended to its log",
                     "forkserver.py": "its log, appended to as it comes", "process.py": "the heartbeat: only its time",
                     "cluster.py": "core locks, which hold nothing", "data.py": "a download to .part, then renamed",
                     "plots.py": "a picture to .tmp.png, then renamed",

@@ -223,6 +223,20 @@ def _printed_config(flags: list, overrides: list) -> bool:
     return True
 
 
+def _tool(command: str, run_dir: str | None, flags: list, overrides: list) -> int:
+    """A command of its own (write-tfrecords, evaluate, predict): it takes the config directories and
+    the overrides a run takes."""
+    asks_help = bool({"-h", "--help"} & set(flags))
+    if command in ("evaluate", "predict"):  # the trained model
+        from . import inference
+
+        return inference.main(command, ([run_dir] if run_dir else []) + overrides, lambda o: _compose(flags, o),
+                              help=asks_help)
+    from . import tfrecords
+
+    return tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
+
+
 def main() -> None:
     os.environ.setdefault(STARTED, str(time.time()))  # for results.json's seconds_to_first_step
     if os.getcwd() not in sys.path:  # a user's model or data module, as the tasks (python -m) import it
@@ -247,16 +261,8 @@ def main() -> None:
     sys.argv[1:] = flags + overrides
     OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
-        asks_help = bool({"-h", "--help"} & set(flags))
-        if command in ("evaluate", "predict"):  # the trained model; the config directories and overrides a run takes
-            from . import inference
-
-            sys.exit(inference.main(command, ([run_dir] if run_dir else []) + overrides, lambda o: _compose(flags, o),
-                                    help=asks_help))
-        if command:  # (a tool of its own; it takes the config directories and overrides a run takes)
-            from . import tfrecords
-
-            sys.exit(tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help))
+        if command:
+            sys.exit(_tool(command, run_dir, flags, overrides))
         if _quick_help(flags, overrides):
             return
         if not _printed_config(flags, overrides):

@@ -41,7 +41,7 @@ class Watch:
 
     def __init__(self):
         self.peak = self.last = 0.0
-        self.kills_before = None
+        self.kills_before, self.killed = None, False
 
     def started(self) -> None:
         self.kills_before = oom_kills()
@@ -55,10 +55,20 @@ class Watch:
         """Whether an exit with `code` was the kernel's killing for memory: a SIGKILL while its count of
         such killings went up."""
         now = oom_kills()
-        return code == -9 and None not in (now, self.kills_before) and now > self.kills_before
+        self.killed = code == -9 and None not in (now, self.kills_before) and now > self.kills_before
+        return self.killed
 
     def why_killed(self, name: str) -> str:
         seen = f" (its peak resident memory {self.peak:,.0f} MiB, {self.last:,.0f} MiB at the last look)" \
             if self.peak else " (before the launcher's first look at its memory)"
         return (f"task {name} ran out of memory: the kernel killed it{seen}; give it more memory, or lower "
                 "trainer.batch_size or the number of tasks on this machine")
+
+
+def look_at(tasks: list, looks: int) -> int:
+    """Each live task's memory, every 5th call (every 0.5 s of run_tasks's loop); the calls counted."""
+    if looks % 5 == 0:
+        for task in tasks:
+            if task.proc and task.proc.poll() is None:
+                task.memory.look(task.proc.pid)
+    return looks + 1

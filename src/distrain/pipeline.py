@@ -6,7 +6,6 @@ does). data.py loads the arrays without TensorFlow.
 import glob
 import os
 import re
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -291,23 +290,6 @@ class FileSource:
         ds = self._records(self.found.test_files[:1] if self.found.kind == "tfrecord" else self.found.test_files[:n],
                            self.found.test_labels[:n])
         return next(iter(ds.batch(n).map(self._decode)))[0].numpy()
-
-
-def read_alone(dataset: tf.data.Dataset, seconds: float, batches: int = 1000) -> tuple:
-    """(Examples per second this input pipeline delivers alone, the CPU seconds it takes per example: this
-    process's, every thread's), reading for up to `seconds` (or `batches` batches) after its first batch
-    (its start-up: opening files, filling the shuffle buffer); (None, None) if it gave no batch."""
-    iterator, examples, elapsed = iter(dataset), 0, 0.0
-    try:
-        next(iterator)
-        start, cpu, read = time.perf_counter(), time.process_time(), 0
-        while read < batches and time.perf_counter() - start < seconds:
-            examples += int(tf.shape(tf.nest.flatten(next(iterator))[-1])[0])
-            read += 1
-        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-    except (StopIteration, tf.errors.OutOfRangeError):
-        pass
-    return (examples / elapsed, cpu / examples) if elapsed > 0 and examples else (None, None)
 
 
 DECODE = 128  # records parsed and decoded together: unrolled, 40% less CPU per PNG digit than map_fn (measured)

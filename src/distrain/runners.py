@@ -58,15 +58,7 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
         if not timed:
             optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces across replicas
             return sums, tf.zeros([2], tf.float64)
-        computed = stamp_after(grads)
-        # The all-reduce (optimizer.aggregate_gradients, as apply_gradients would call it) starts once the
-        # gradients are stamped, and is stamped when done: its time, with the wait for the slowest replica.
-        pairs = aggregator.aggregate_gradients(list(zip(held_until(grads, computed), model.trainable_variables)))
-        reduced = stamp_after([g for g, _ in pairs])
-        optimizer.apply_gradients(pairs, skip_gradients_aggregation=True)
-        # Done once the variables read back updated (on ps tasks a read is a round trip: once reduced).
-        done = reduced if remote else stamp_after([v.read_value() for v in model.trainable_variables])
-        return sums, tf.stack([reduced - computed, done])
+        return sums, timed_update(optimizer, aggregator, grads, model.trainable_variables, remote)
 
     @tf.function
     def train_steps(iterator, steps):
@@ -89,6 +81,19 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
         return totals, tf.cast(tf.stack([waited, reducing, span]), tf.float32)
 
     return train_steps
+
+
+def timed_update(optimizer, aggregator, grads, variables, remote: bool) -> tf.Tensor:
+    """Apply the gradients, all-reduced across the replicas first as apply_gradients would do it
+    (aggregator.aggregate_gradients), stamped: [seconds in the all-reduce (with the wait for the slowest
+    replica), when the update was done]."""
+    computed = stamp_after(grads)
+    pairs = aggregator.aggregate_gradients(list(zip(held_until(grads, computed), variables)))
+    reduced = stamp_after([g for g, _ in pairs])
+    optimizer.apply_gradients(pairs, skip_gradients_aggregation=True)
+    # Done once the variables read back updated (on ps tasks a read is a round trip: once reduced).
+    done = reduced if remote else stamp_after([v.read_value() for v in variables])
+    return tf.stack([reduced - computed, done])
 
 
 def stamp_after(structure) -> tf.Tensor:

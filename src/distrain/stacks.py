@@ -8,6 +8,7 @@ while its main thread waits inside TensorFlow (an all-reduce, a remote call) wit
 A task that does not answer within a second (frozen, stopped, or gone) is the one that stopped answering.
 """
 import faulthandler
+import logging
 import os
 import re
 import signal
@@ -16,10 +17,13 @@ import time
 from pathlib import Path
 
 from .errors import print_error
+from .storage import write_atomic
 from .protocol import POSITION, STACKS
 
 ANSWER_SECONDS = 1.0  # for the tasks' dumps
+WAIT_SECONDS = 10.0  # `distrain stacks`: for the launcher's answer (it looks every 0.1 s)
 REQUEST, ANSWER = ".stacks-request", "stacks.txt"  # `distrain stacks`: in the run directory's logs/
+log = logging.getLogger("distrain")
 USAGE = "distrain stacks RUN_DIR   (the Python stacks and step of each task of a running run)"
 
 # ---- in the task --------------------------------------------------------------------------------------
@@ -107,6 +111,8 @@ def where(stacks: str, synchronous: bool) -> str:
     if name == "runners.py" and func == "run":
         return ("waits in a training step (the gradients' all-reduce, waiting for its peers)" if synchronous else
                 "is waiting for the workers' steps")
+    if name == "runners.py" and func == "across_workers":
+        return "waits in the epoch's all-reduce of the metric sums (waiting for its peers)"
     if name == "checkpoints.py":
         return "is saving a checkpoint"
     if name == "training.py" and func in ("evaluate", "on_a_copy"):
@@ -134,6 +140,32 @@ def record(found: dict, logs: dict, why: str) -> str:
     return stamp
 
 
+def look(tasks: list, run) -> None:
+    """Every task's stacks into its log, and a line saying where each is, when a training task's step
+    stands still, or when `distrain stacks` asks (then into logs/stacks.txt as well). The launcher looks
+    each time round its loop (supervisor.run_tasks)."""
+    still = [(task, moved) for task in tasks if (moved := task.standing_still())]  # (supervisor.TaskProcess)
+    asked = (run.logs / REQUEST).exists()
+    if not still and not asked:
+        return
+    for task, moved in still:
+        task.stall_seen = moved
+    why = "asked by distrain stacks" if asked else \
+        f"no training step for {still[0][0].stall_after:g} s: half of cluster.peer_timeout"
+    found = dump(tasks)
+    stamp = record(found, {t.name: t.write_log for t in tasks}, why)
+    synchronous = not any(t.task and t.task.type == "ps" for t in tasks)
+    said = summary(found, synchronous)
+    if asked:
+        text = [f"{stamp}: {said}", ""] + [f"--- {name} (step {step}) ---\n{stack or '(no answer)'}"
+                                           for name, (step, stack) in found.items()]
+        write_atomic(run.logs / ANSWER, "\n".join(text) + "\n")
+    else:
+        for task in tasks:
+            task.end_line()
+        log.warning("stalled: %s (their Python stacks are in their logs)", said)
+
+
 # ---- `distrain stacks RUN_DIR` -------------------------------------------------------------------------
 
 def main(argv: list) -> int:
@@ -155,13 +187,13 @@ def main(argv: list) -> int:
     request, answer = run.logs / REQUEST, run.logs / ANSWER
     answer.unlink(missing_ok=True)
     request.write_text(str(os.getpid()))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_SECONDS
     while time.monotonic() < deadline and not answer.exists():
         time.sleep(0.1)
     request.unlink(missing_ok=True)
     if not answer.exists():
-        print_error(f"no launcher answered for the run in {argv[0]} within 10 s: it is not running (killed?), or "
-                    "runs on another machine: run distrain stacks there")
+        print_error(f"no launcher answered for the run in {argv[0]} within {WAIT_SECONDS:g} s: it is not running "
+                    "(killed?), or runs on another machine: run distrain stacks there")
         return 2
     sys.stdout.write(answer.read_text())
     return 0

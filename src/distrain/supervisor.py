@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cluster as cluster_lib
-from . import report, stacks
+from . import memory, report, stacks
 from .cluster import Task
 from .errors import print_error
 from .forkserver import ForkServer
@@ -22,8 +22,7 @@ from .process import die_with_parent
 from .protocol import HEARTBEAT, POSITION, SCRATCH, STACKS, is_error, is_ready
 from .restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
 from .rundir import RunDir
-from .storage import write_atomic
-from .task_output import ERR, OUT, is_noise, last_state, route
+from .task_output import ERR, OUT, TaskLog, is_noise, last_state, route
 
 log = logging.getLogger("distrain")
 
@@ -244,48 +243,6 @@ class TaskProcess:
                 "peak_rss_mib": round(self.memory.peak, 1), "log": str(self.log_path)}
 
 
-class TaskLog:
-    """A task's log file whose writes never raise out of the thread that copies the task's output: the
-    first that fails (a full disk) is said once, and the task's lines still reach the terminal."""
-
-    def __init__(self, path: Path, append: bool):
-        self.path, self.file = path, None
-        if not append:
-            self._do(lambda: open(path, "wb").close())
-        # (appending: the launcher's own lines, a task's stacks, go in between without being overwritten)
-        self._do(lambda: setattr(self, "file", open(path, "ab")))
-
-    def write(self, data: bytes) -> None:
-        if self.file:
-            self._do(lambda: self.file.write(data))
-
-    def flush(self) -> None:
-        if self.file:
-            self._do(self.file.flush)
-
-    def _do(self, action) -> None:
-        try:
-            action()
-        except OSError as exc:
-            log.warning("cannot write %s (%s): the task's lines are no longer kept there", self.path,
-                        exc.strerror or exc)
-            self.close()
-
-    def close(self) -> None:
-        file, self.file = self.file, None
-        if file:
-            try:
-                file.close()
-            except OSError:  # (its buffer could not be written either)
-                pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
 def _stopped(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -316,11 +273,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
     changed = on_change or (lambda status: None)
     try:
         _check_stopped(job)
-        first_error = FirstError()
-        for task in tasks:  # a prefix tells apart the lines of several tasks, or of a sweep's jobs
-            task.first_error = first_error
-            names = ([f"#{job.num}"] if job else []) + ([task.name] if len(tasks) > 1 else [])
-            task.start(run, prefix=f"[{' '.join(names)}] " if names else None)
+        _start_all(tasks, run, job)
         changed("running")
         while True:
             _check_stopped(job)
@@ -339,8 +292,8 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
                 return outcome
             if not starting:
                 startup_timeout = None
-            looks = _look_at_memory(tasks, looks)
-            _look_for_stalls(tasks, run)
+            looks = memory.look_at(tasks, looks)
+            stacks.look(tasks, run)
             time.sleep(0.1)
     except Interrupted as exc:
         if job:
@@ -364,38 +317,12 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
         outcome.peak_rss_mib = {t.name: round(t.memory.peak, 1) for t in tasks if t.memory.peak}
 
 
-def _look_for_stalls(tasks: list, run: RunDir) -> None:
-    """Every task's stacks into its log, and a line saying where each is, when a training task's step
-    stands still (stacks.py), or when `distrain stacks` asks (then into logs/stacks.txt as well)."""
-    still = [(task, moved) for task in tasks if (moved := task.standing_still())]
-    asked = (run.logs / stacks.REQUEST).exists()
-    if not still and not asked:
-        return
-    for task, moved in still:
-        task.stall_seen = moved
-    why = "asked by distrain stacks" if asked else \
-        f"no training step for {still[0][0].stall_after:g} s: half of cluster.peer_timeout"
-    found = stacks.dump(tasks)
-    stamp = stacks.record(found, {t.name: t.write_log for t in tasks}, why)
-    synchronous = not any(t.task and t.task.type == "ps" for t in tasks)
-    said = stacks.summary(found, synchronous)
-    if asked:
-        text = [f"{stamp}: {said}", ""] + [f"--- {name} (step {step}) ---\n{dump or '(no answer)'}"
-                                           for name, (step, dump) in found.items()]
-        write_atomic(run.logs / stacks.ANSWER, "\n".join(text) + "\n")
-    else:
-        for task in tasks:
-            task.end_line()
-        log.warning("stalled: %s (their Python stacks are in their logs)", said)
-
-
-def _look_at_memory(tasks: list, looks: int) -> int:
-    """Each live task's memory, every 5th call (every 0.5 s of run_tasks's loop); the calls counted."""
-    if looks % 5 == 0:
-        for task in tasks:
-            if task.proc and task.proc.poll() is None:
-                task.memory.look(task.proc.pid)
-    return looks + 1
+def _start_all(tasks: list, run: RunDir, job) -> None:
+    first_error = FirstError()
+    for task in tasks:  # a prefix tells apart the lines of several tasks, or of a sweep's jobs
+        task.first_error = first_error
+        names = ([f"#{job.num}"] if job else []) + ([task.name] if len(tasks) > 1 else [])
+        task.start(run, prefix=f"[{' '.join(names)}] " if names else None)
 
 
 def _check_stopped(job) -> None:
@@ -414,18 +341,16 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
     killed = any((t.proc.poll() or 0) < 0 for t in tasks if t.name not in seen)
     for task in sorted(tasks, key=lambda t: (t.proc.poll() or 0) >= 0):
         code = task.proc.poll()
-        if code is not None:
-            task.ended_at = task.ended_at or now
+        task.ended_at = task.ended_at or (now if code is not None else None)
         if code is None and task.stalled():  # alive, but stuck waiting on a peer
             task.hung, code = True, 1
             why = (f"task {task.name} made no progress for {task.peer_timeout:g} s (cluster.peer_timeout): "
                    "a worker or ps task it waits for stopped answering")
         elif code is None or task.name in seen or (code > 0 and not killed and now - task.ended_at < SETTLE_SECONDS):
             continue
-        elif task.memory.killed_for_memory(code):
-            why = task.memory.why_killed(task.name)
         else:
-            why = f"task {task.name} exited with status {code}"
+            why = task.memory.why_killed(task.name) if task.memory.killed_for_memory(code) else \
+                f"task {task.name} exited with status {code}"
         seen.add(task.name)
         changed("running")
         others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None]
@@ -459,8 +384,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
             if said and code == 2:  # the task named the cause itself (bad input it found): that is the error
                 error = said[-1]
             outcome = Outcome(code, "failed", error, tail)
-            killed = why.startswith(f"task {task.name} ran out of memory")  # (it could not say so itself)
-            if (len(tasks) > 1 or task.hung or killed) and not said:  # (its lines were mixed with the others')
+            # (its lines were mixed with the others'; it could not say it ran out of memory itself)
+            if (len(tasks) > 1 or task.hung or task.memory.killed) and not said:
                 print_failure(outcome, task.log_path)
             return outcome
         elif code:

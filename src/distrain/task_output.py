@@ -1,6 +1,11 @@
-"""A task's output, line by line: what its log keeps, and what reaches the terminal. Pure functions of
-the lines; the supervisor copies the output with them."""
+"""A task's output, line by line: what its log keeps, and what reaches the terminal (pure functions of
+the lines, with which the supervisor copies the output), and the log file it goes to (TaskLog)."""
+import logging
+from pathlib import Path
+
 from .protocol import is_error
+
+log = logging.getLogger("distrain")
 
 # TensorFlow's lines that no setting hides any more: kept in the task logs, not shown on the terminal. Its
 # start-up, the coordinator's retries while a parameter-server worker is down (the launcher says why), and
@@ -53,3 +58,45 @@ def route(line: bytes, prefixed: bool, quiet: bool = False, on_screen: bool = Fa
     if prefixed:
         return None if quiet or is_noise(last) else OUT
     return OUT if on_screen or not is_noise(line) else None
+
+
+class TaskLog:
+    """A task's log file whose writes never raise out of the thread that copies the task's output: the
+    first that fails (a full disk) is said once, and the task's lines still reach the terminal."""
+
+    def __init__(self, path: Path, append: bool):
+        self.path, self.file = path, None
+        if not append:
+            self._do(lambda: open(path, "wb").close())
+        # (appending: the launcher's own lines, a task's stacks, go in between without being overwritten)
+        self._do(lambda: setattr(self, "file", open(path, "ab")))
+
+    def write(self, data: bytes) -> None:
+        if self.file:
+            self._do(lambda: self.file.write(data))
+
+    def flush(self) -> None:
+        if self.file:
+            self._do(self.file.flush)
+
+    def _do(self, action) -> None:
+        try:
+            action()
+        except OSError as exc:
+            log.warning("cannot write %s (%s): the task's lines are no longer kept there", self.path,
+                        exc.strerror or exc)
+            self.close()
+
+    def close(self) -> None:
+        file, self.file = self.file, None
+        if file:
+            try:
+                file.close()
+            except OSError:  # (its buffer could not be written either)
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

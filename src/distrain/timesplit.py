@@ -2,8 +2,11 @@
 and the gradients' all-reduce with the wait for the slowest peer, or under parameter servers the time
 the workers and the coordinator wait for each other (communication). Measured inside the training
 function with tf.timestamp() ops ordered by control dependencies (runners.make_train_steps), and the
-input pipeline's own rate by reading it alone for a moment after training (pipeline.read_alone).
-docs/outputs.md says how each is measured and what it costs. (No TensorFlow here: the launcher reads it.)"""
+input pipeline's own rate by reading it alone for a moment after training (read_alone).
+docs/outputs.md says how each is measured and what it costs. (No TensorFlow imported here: the launcher
+reads it.)"""
+import time
+
 PARTS = ("input", "compute", "communication")
 INPUT_CPU_SAID = 0.15  # an input pipeline's CPU time, against training's, worth a word in the closing line
 
@@ -46,8 +49,25 @@ def bound(split: dict) -> str:
     return max(PARTS, key=lambda p: split.get(p, 0.0)) if split else ""
 
 
+def read_alone(dataset, seconds: float, batches: int = 1000) -> tuple:
+    """(Examples per second an input pipeline delivers alone, the CPU seconds it takes per example: this
+    process's, every thread's), reading for up to `seconds` (or `batches` batches) after its first batch
+    (its start-up: opening files, filling the shuffle buffer); (None, None) if it gave no batch."""
+    iterator, examples, elapsed = iter(dataset), 0, 0.0
+    try:
+        next(iterator)
+        start, cpu, read = time.perf_counter(), time.process_time(), 0
+        while read < batches and time.perf_counter() - start < seconds:
+            examples += len(next(iterator)[-1])  # (the labels of an (images, labels) batch)
+            read += 1
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    except StopIteration:
+        pass
+    return (examples / elapsed, cpu / examples) if elapsed > 0 and examples else (None, None)
+
+
 def probe_seconds(train_seconds: float) -> float:
-    """How long pipeline.read_alone reads: 1% of the training time, from 0.2 s to 5 s."""
+    """How long read_alone reads: 1% of the training time, from 0.2 s to 5 s."""
     return min(max(0.01 * train_seconds, 0.2), 5.0)
 
 

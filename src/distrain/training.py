@@ -18,13 +18,13 @@ from .inputs import Arrays, Files, load_data
 from .metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, pick_accuracy
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
-from .pipeline import read_alone, train_file_hashes
+from .pipeline import train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .profiling import Profile
 from .rundir import RunDir
 from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
 from .strategy import configure_devices, gpu_capabilities, gpu_peak_mib, make_strategy, precision_policy
-from .timesplit import probe_seconds
+from .timesplit import probe_seconds, read_alone
 
 
 def set_precision(t, announce: bool = False) -> str:
