@@ -46,9 +46,13 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "cluster.evaluator=true",
                   *SYNTHETIC_THREE_EPOCHS[3:], "data.source=idx", f"data.path={tmp_path / 'idx'}",
-                  "trainer.batch_size=64", "trainer.tensorboard=true")  # 48 asynchronous steps: at 24, the
-    # accuracy ranged from 0.40 to 0.97
+                  "trainer.batch_size=64", "trainer.tensorboard=true", "trainer.profile=[20,30]")  # 48
+    # asynchronous steps: at 24, the accuracy ranged from 0.40 to 0.97
     assert out.returncode == 0, out.stdout[-4000:]
+    # The profiler: the coordinator's trace, and each worker's, asked of its server.
+    traces = sorted(p.parent.parent.parent.parent.name for p in (run_dir / "tensorboard").glob("*/plugins/profile/*/*.xplane.pb"))
+    workers = list((run_dir / "tensorboard" / "workers").glob("plugins/profile/*/*.xplane.pb"))
+    assert traces == ["chief-0", "workers", "workers"] and len(workers) == 2, traces
     results = json.loads((run_dir / "results.json").read_text())
     assert (results["num_workers"], results["num_ps"]) == (2, 1)
     assert results["data_source"] == "idx" and results["train_examples"] == 1024

@@ -29,6 +29,7 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"ERROR:tensorflow:Start cancelling closures due to error", b"RecvTensor cancelled for",
          b"Device filters can only be specified when initializing",  # a worker lost, then back
          b"OP_REQUIRES failed at",  # an op's error, which the task says in its own words
+         b"Profiling is late by",  # a worker asked for its trace (trainer.profile under parameter servers)
          b"Aborting RingReduce with", b"BaseCollectiveExecutor::StartAbort",  # a synchronous peer lost:
          b"The error could be from a previous operation", b"[[{{function_node ")  # the task says so once
 

@@ -68,7 +68,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     progress = resume(saves or Checkpoints(model, optimizer, out.path), run.checkpoints, data.steps) \
         if t.resume else Progress()  # every task reads the chief's checkpoints
     where = run.tensorboard / (context.task.name if context.task else "train")
-    profile = Profile(t.get("profile"), where, t.epochs * data.steps)  # (checked before anything trains)
+    workers = context.cluster.get("worker", []) if context.topology.parameter_servers else []
+    profile = Profile(t.get("profile"), where, t.epochs * data.steps, workers)  # (checked before anything trains)
     runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, progress)
     KEPT.append(runner)  # (never deleted: runners.KEPT)
     callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
