@@ -67,8 +67,10 @@ LONGEST_FIRST = ["test_resume",  # 115 s
                  "test_task",  # 30 s
                  "test_storage",  # 28 s
                  "test_cli",  # 22 s
+                 "test_accounting",  # 20 s
                  "test_optimizer",  # 15 s
-                 "test_cluster"]  # 12 s; the others take seconds
+                 "test_cluster",  # 12 s
+                 "test_inference"]  # 10 s; the others take seconds
 
 
 def pytest_collection_modifyitems(items):
