@@ -417,3 +417,32 @@ def test_the_catalogue_is_large_and_its_checks_can_fail(tmp_path):
     assert out.returncode == 0 and "error:" not in out.stderr, out.stderr[-3000:]
     assert FIX.search("error: trainer.epochs=0 must be a positive integer: set e.g. trainer.epochs=12")
     assert not FIX.search("error: something went wrong")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["evaluate", "{dir}/nowhere"], "{dir}/nowhere holds no distrain run (no config.yaml)"),
+    (["evaluate"], "evaluate needs a run directory first"),
+    (["predict", "{dir}"], "predict needs out=PATH, where to write the predictions"),
+    (["predict", "{dir}", "out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv"),
+    (["predict", "{dir}", "out={dir}/kept.csv"], "out={dir}/kept.csv exists: name another file, or set overwrite=true"),
+    (["stacks", "{dir}"], "{dir} holds no distrain run (no config.yaml)"),
+])
+def test_using_a_run_that_is_not_there_is_one_line(tmp_path, monkeypatch, capfd, args, expected):
+    """The commands that use a trained run (`distrain evaluate`, `predict`, `stacks`): bad input they can
+    tell before TensorFlow (test_inference: what needs the run's model)."""
+    import sys
+
+    from distrain import cli
+
+    (tmp_path / "kept.csv").write_text("a user's file\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["distrain", *(a.replace("{dir}", str(tmp_path)) for a in args)])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    err = capfd.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert exited.value.code == 2 and len(errors) == 1, err
+    assert expected.replace("{dir}", str(tmp_path)) in errors[0] and FIX.search(errors[0]), errors[0]
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.csv"]  # nothing written, the user's file kept
+    assert (tmp_path / "kept.csv").read_text() == "a user's file\n"

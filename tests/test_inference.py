@@ -88,7 +88,7 @@ def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(traine
 
 
 @pytest.mark.parametrize("args, says", [
-    (["out=p.txt"], "out=p.txt is of no format predict writes: end it in .npz or .csv"),
+    (["out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv"),
     (["strategy=multi_worker_mirrored", "out=p.npz"], "strategy=multi_worker_mirrored: evaluate and predict run in "
                                                       "one process for now"),
     (["checkpoint=/nowhere/ckpt-3", "out=p.npz"], "checkpoint=/nowhere/ckpt-3 holds no checkpoint"),

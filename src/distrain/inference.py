@@ -61,7 +61,7 @@ def _out(options: dict) -> Path:
                           f"{USAGE['predict']}")
     out = Path(options["out"])
     if out.suffix not in FORMATS:
-        raise ConfigError(f"out={out} is of no format predict writes: end it in {' or '.join(FORMATS)}")
+        raise ConfigError(f"out={out} is of no format predict writes: name a file ending in {' or '.join(FORMATS)}")
     if out.exists() and options.get("overwrite", "false").lower() != "true":
         raise ConfigError(f"out={out} exists: name another file, or set overwrite=true")
     return out
