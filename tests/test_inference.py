@@ -63,6 +63,16 @@ def test_predict_gives_what_keras_predict_gives_in_input_order(trained, tmp_path
     np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
     shuffled = np.random.default_rng(0).permutation(len(x))  # control: another order fails the comparison
     assert not np.allclose(predictions, expected[shuffled], rtol=1e-5, atol=1e-6)
+    # .tfrecord: an Example per input, its index, its source and its outputs, in the same order.
+    import tensorflow as tf
+
+    assert use("predict", run, f"out={tmp_path / 'p.tfrecord'}") == 0
+    spec = {"index": tf.io.FixedLenFeature([], tf.int64), "source": tf.io.FixedLenFeature([], tf.string),
+            "outputs": tf.io.FixedLenFeature([expected.shape[1]], tf.float32)}
+    records = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(tmp_path / "p.tfrecord"))]
+    assert [int(r["index"]) for r in records] == list(range(len(x))) and records[5]["source"].numpy() == b"row 5"
+    np.testing.assert_allclose(np.stack([r["outputs"].numpy() for r in records]), expected, rtol=1e-5, atol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p.tfrecord"]  # (no temporary file left)
 
 
 def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(trained, tmp_path):
@@ -88,7 +98,7 @@ def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(traine
 
 
 @pytest.mark.parametrize("args, says", [
-    (["out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv"),
+    (["out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv or .tfrecord"),
     (["strategy=multi_worker_mirrored", "out=p.npz"], "strategy=multi_worker_mirrored: evaluate and predict run in "
                                                       "one process for now"),
     (["checkpoint=/nowhere/ckpt-3", "out=p.npz"], "checkpoint=/nowhere/ckpt-3 holds no checkpoint"),

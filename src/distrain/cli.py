@@ -106,7 +106,7 @@ def _help(root: DictConfig) -> str:
   distrain summarize SWEEP_DIR                    (re)build a sweep's summary
   distrain stacks RUN_DIR                         each task's Python stacks and step, in a running run
   distrain evaluate RUN_DIR [overrides]           a run's model on its test data, or on the data named
-  distrain predict RUN_DIR [overrides] out=F.npz  its outputs for every example, in order (.npz, .csv)
+  distrain predict RUN_DIR [overrides] out=F.npz  its outputs for every example, in order (.csv, .tfrecord)
   (In a checkout, `python train.py` is the same as `distrain`.)
 
 == Groups (group=option) ==

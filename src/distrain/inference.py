@@ -21,11 +21,11 @@ from . import schema, storage
 from .errors import ConfigError, print_error
 
 OPTIONS = ("out", "checkpoint", "name", "overwrite")
-FORMATS = (".npz", ".csv")
+FORMATS = (".npz", ".csv", ".tfrecord")
 ONE_PROCESS = ("default", "one_device", "mirrored", "central_storage")
 USAGE = {"evaluate": "distrain evaluate RUN_DIR [--config-dir DIR] [overrides, e.g. data=...] [checkpoint=latest|PATH] "
                      "[name=NAME]",
-         "predict": "distrain predict RUN_DIR [--config-dir DIR] [overrides, e.g. data=...] out=PATH.npz|PATH.csv "
+         "predict": "distrain predict RUN_DIR [--config-dir DIR] [overrides, e.g. data=...] out=PATH.npz|.csv|.tfrecord "
                     "[checkpoint=latest|PATH] [overwrite=true]"}
 
 
@@ -197,7 +197,8 @@ def _free(directory: Path, name: str) -> Path:
 
 def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool) -> int:
     """The model's outputs for every example of the data's test split, in order, into out (.npz: the
-    outputs as predict() gives them, and each example's index; .csv: a row per example)."""
+    outputs as predict() gives them, and each example's index; .csv: a row per example; .tfrecord: an
+    Example per input, its index, source and outputs)."""
     import tensorflow as tf
 
     data, model, probabilities, said, _ = load(cfg, run_dir, options, data_changed)
@@ -213,6 +214,8 @@ def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool) ->
         buffer = io.BytesIO()
         np.savez(buffer, predictions=outputs, index=index)
         storage.write_atomic(out, buffer.getvalue())
+    elif out.suffix == ".tfrecord":
+        _tfrecord(out, index, sources(data), outputs)
     else:
         classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
         shown = outputs if probabilities or not classes else tf.nn.softmax(outputs).numpy()
@@ -232,6 +235,26 @@ def sources(data) -> list:
     from .files import tfrecord_lengths
 
     return [f"{path}#{i}" for path in found.test_files for i, _ in enumerate(tfrecord_lengths(Path(path)))]
+
+
+def _tfrecord(out: Path, index, where: list, outputs) -> None:
+    """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
+    temporary name and renamed (no half file under `out`)."""
+    import os
+
+    import tensorflow as tf
+
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    try:
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            for i, w, row in zip(index, where, outputs.reshape(len(outputs), -1)):
+                writer.write(tf.train.Example(features=tf.train.Features(feature={
+                    "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
+                    "source": tf.train.Feature(bytes_list=tf.train.BytesList(value=[w.encode()])),
+                    "outputs": tf.train.Feature(float_list=tf.train.FloatList(value=row))})).SerializeToString())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _csv(index, where: list, outputs, classes: bool, names) -> str:
