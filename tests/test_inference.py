@@ -95,6 +95,7 @@ def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(traine
     found = np.array([[float(p) for p in row[3:]] for row in rows[1:]])
     np.testing.assert_allclose(found, expected[order], rtol=1e-4, atol=1e-6)
     assert not np.allclose(found, expected, rtol=1e-4, atol=1e-6)  # control: the arrays' order is another
+    assert not (run / "evaluations" / "no data.json").exists()  # (other data: scanned, nothing left anywhere)
 
 
 @pytest.mark.parametrize("args, says", [

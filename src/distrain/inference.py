@@ -95,8 +95,6 @@ def settle(run_dir: Path, compose, overrides: list):
 def load(cfg, run_dir: Path, options: dict, data_changed: bool):
     """(The data, the model with the run's trained weights compiled with its loss and metrics, whether it
     outputs probabilities, where the weights came from, the strategy)."""
-    import tempfile
-
     import tf_keras as keras
 
     from . import data as data_lib
@@ -112,8 +110,8 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool):
     strategy = make_strategy(cfg.strategy)
     source, _ = data_lib.resolve_source(cfg.data)
     cfg.data.source = source
-    # The run's data.json holds its own data files; other data is scanned here.
-    where = RunDir(Path(tempfile.mkdtemp(prefix="distrain-use-")) if data_changed else run_dir, cfg)
+    # The run's data.json holds its own data files; other data is scanned here (a directory with none).
+    where = RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
     policy = set_precision(cfg.trainer)
     keras.utils.set_random_seed(cfg.trainer.seed)
     data = load_data(cfg, RunContext.of(where, cfg).know_strategy(strategy))
