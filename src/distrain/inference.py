@@ -46,10 +46,11 @@ def main(command: str, argv: list, compose, help: bool = False) -> int:
         cfg = settle(run_dir, compose, overrides)
         from .tfrecords import tensorflow_lines_to
 
+        changed = _data_changed(overrides)
         with tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"):
             if command == "evaluate":
-                return evaluate(cfg, run_dir, options, _data_changed(overrides))
-            return predict(cfg, run_dir, options, out, _data_changed(overrides))
+                return evaluate(cfg, run_dir, options, changed)
+            return predict(cfg, run_dir, options, out, changed)
     except ConfigError as exc:
         print_error(str(exc))
         return 2
@@ -75,8 +76,9 @@ def settle(run_dir: Path, compose, overrides: list):
     """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
     a run would compose it), checked."""
     from .config import _keys, validate
+    from .rundir import RunDir
 
-    saved_path = run_dir / "config.yaml"
+    saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
         raise ConfigError(f"{run_dir} holds no distrain run (no config.yaml): give a run's directory, e.g. "
                           "outputs/DATE/TIME")
@@ -94,7 +96,7 @@ def settle(run_dir: Path, compose, overrides: list):
 
 def load(cfg, run_dir: Path, options: dict, data_changed: bool):
     """(The data, the model with the run's trained weights compiled with its loss and metrics, whether it
-    outputs probabilities, where the weights came from, the strategy)."""
+    outputs probabilities, where the weights came from)."""
     import tf_keras as keras
 
     from . import data as data_lib
@@ -120,12 +122,14 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool):
         model, optimizer, probabilities, _ = build(cfg, data, policy)
     said = restore(model, run_dir, cfg, options.get("checkpoint"))
     compile_model(model, optimizer, cfg, probabilities)
-    return data, model, probabilities, said, strategy
+    return data, model, probabilities, said
 
 
 def check_fits(run_dir: Path, data) -> None:
     """The data's examples and classes against the trained model's (results.json's), both said."""
-    trained = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
+    from .rundir import RunDir
+
+    trained = RunDir(run_dir).read_results() or {}
     if trained.get("input_shape") and list(trained["input_shape"]) != list(data.shape):
         raise ConfigError(f"the data's examples are {tuple(data.shape)}, the model takes {tuple(trained['input_shape'])}: "
                           "name data of the shape it was trained on (data.image_size, data.channels)")
@@ -167,14 +171,14 @@ def evaluate(cfg, run_dir: Path, options: dict, data_changed: bool) -> int:
     """The run's loss and metrics on the data's test split: one line, and evaluations/<name>.json."""
     from .training import evaluate as keras_evaluate
 
-    data, model, _, said, _ = load(cfg, run_dir, options, data_changed)
+    data, model, _, said = load(cfg, run_dir, options, data_changed)
     start = time.perf_counter()
     figures = keras_evaluate(model, data.reader(cfg, training=False)(), data.test_steps(cfg.trainer.batch_size))
     seconds = time.perf_counter() - start
     name = options.get("name") or schema.label(cfg.data)
     found = {"data": schema.label(cfg.data), "data_source": cfg.data.source, "examples": data.test_examples,
              "weights": said, "strategy": cfg.strategy.name, "seconds": round(seconds, 3),
-             **{("loss" if k == "loss" else k): float(np.mean(v)) for k, v in figures.items()}}
+             **{k: float(np.mean(v)) for k, v in figures.items()}}
     path = _free(run_dir / "evaluations", name)
     storage.write_atomic(path, json.dumps(found, indent=2) + "\n")
     shown = ", ".join(f"{k} {v:.2%}" if "accuracy" in k else f"{k} {v:.4f}" for k, v in figures.items()
@@ -199,7 +203,7 @@ def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool) ->
     Example per input, its index, source and outputs)."""
     import tensorflow as tf
 
-    data, model, probabilities, said, _ = load(cfg, run_dir, options, data_changed)
+    data, model, probabilities, said = load(cfg, run_dir, options, data_changed)
     images = data.reader(cfg, training=False)().map(lambda x, y: x)
     start = time.perf_counter()
     outputs = model.predict(images, steps=data.test_steps(cfg.trainer.batch_size), verbose=2 if sys.stdout.isatty() else 0)

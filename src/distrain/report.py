@@ -49,7 +49,7 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
 
 def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:
     """Examples per second over the epochs after the first (all of them when there is only one)."""
-    timed = epoch_seconds[1:] or epoch_seconds
+    timed = timesplit.steady(epoch_seconds)
     return examples_per_epoch * len(timed) / sum(timed)
 
 

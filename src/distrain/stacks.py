@@ -176,7 +176,7 @@ def main(argv: list) -> int:
     from .rundir import RunDir
 
     run = RunDir(Path(argv[0]))
-    if not (run.path / "config.yaml").exists():
+    if not run.config.exists():
         print_error(f"{argv[0]} holds no distrain run (no config.yaml): give the run directory (outputs/DATE/TIME)")
         return 2
     state = run.ended()

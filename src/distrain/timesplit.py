@@ -22,11 +22,17 @@ def shares(wall: float, waited: float, communicated: float) -> dict:
             "communication": round(communicated, 4)}
 
 
+def steady(per_epoch: list) -> list:
+    """The epochs after the first (its tracing and warm-up are no part of a steady step), or the one
+    there is: what examples/s, the time split and the CPU share are measured over."""
+    return per_epoch[1:] or per_epoch
+
+
 def overall(history: dict, epoch_seconds: list[float]) -> dict:
     """The split of the whole training from each epoch's (history's time_<part>), weighted by the epochs'
     seconds, over the epochs after the first (its tracing is no part of a steady step) as examples/s is."""
     per_epoch = [dict(zip(PARTS, values)) for values in zip(*(history.get(f"time_{p}", []) for p in PARTS))]
-    timed = list(zip(per_epoch, epoch_seconds))[1:] or list(zip(per_epoch, epoch_seconds))
+    timed = steady(list(zip(per_epoch, epoch_seconds)))
     total = sum(seconds for _, seconds in timed)
     if not timed or total <= 0:
         return {}
@@ -38,7 +44,7 @@ def cpu_share(input_per_example: float | None, epoch_cpu: list[float], examples_
     """The CPU time the input pipeline takes (read alone) against the CPU time training takes, per example,
     in the epochs after the first: on the same cores, what the input takes from the steps. None where it
     was not measured, or under parameter servers (the coordinator that measures it computes no step)."""
-    timed = epoch_cpu[1:] or epoch_cpu
+    timed = steady(epoch_cpu)
     if not input_per_example or not timed or ps or sum(timed) <= 0:
         return None
     return round(input_per_example / (sum(timed) / (examples_per_epoch * len(timed))), 4)
