@@ -35,7 +35,7 @@ QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
 # section compares each out of the box).
 ONEDNN, PLAIN_ONEDNN = "trainer.onednn=true", {"TF_ENABLE_ONEDNN_OPTS": "1"}
 SECTIONS = ("overhead", "settings", "cpu", "threads", "pipeline", "startup", "accuracy", "scaling", "ps_data",
-            "files", "ceiling", "decode")
+            "files", "ceiling", "decode", "predict")
 
 
 class Failed(Exception):
@@ -199,6 +199,58 @@ def decode(b: Bench) -> None:
           [p["input_examples_per_sec"] / a["examples_per_sec"] for a, p in zip(arrays, streamed)], "x")
     b.row("decode", "PNG shards: the share of time waiting for input", [p["time_split"]["input"] for p in streamed])
     b.row("decode", "arrays in memory: the share of time waiting for input", [a["time_split"]["input"] for a in arrays])
+
+
+PLAIN_PREDICT = """
+import json, sys, time
+import numpy as np, tf_keras as keras
+model = keras.models.load_model(sys.argv[1], compile=False)
+with np.load(sys.argv[2]) as f:
+    x = f["x"]
+model.predict(x[:256], batch_size=128, verbose=0)  # (traced before the clock starts, as distrain's is not)
+start = time.perf_counter()
+model.predict(x, batch_size=128, verbose=0)
+print(json.dumps({"examples_per_sec": len(x) / (time.perf_counter() - start)}))
+"""
+
+
+def predict(b: Bench) -> None:
+    """`distrain predict` on a trained run's test split against plain Keras `predict` on the same arrays
+    (the SavedModel loaded, batch 128), and on 2 workers (multi_worker_mirrored); the examples/s each
+    reports for its predictions alone, and the command's wall-clock seconds, start-up included."""
+    fashion = (FASHION / "train-images-idx3-ubyte.gz").exists()
+    data = ["data=fashion_mnist"] if fashion else ["data.source=bundled"]
+    run = b.train("trainer.epochs=1", *data, "trainer.save_model=true")
+    run_dir = Path(run["run_dir"])
+    arrays = b.workdir / "test.npz"
+    b._run([sys.executable, "-c", "import sys, numpy as np; from distrain import data; from helpers import make_cfg; "
+            "_, (x, y) = data.load(make_cfg(*sys.argv[2:]).data, 42); "
+            "np.savez(sys.argv[1], x=x.astype('float32')[..., None] / 255.0)", str(arrays), *data],
+           env={"PYTHONPATH": str(HERE.parent / "tests")})
+    n = iter(range(10 ** 6))
+
+    def ours(*args) -> dict:
+        out, wall = b._run([sys.executable, str(TRAIN), "predict", str(run_dir), *args,
+                            f"out={b.workdir / f'p{next(n)}.npz'}"])
+        line = [ln for ln in out.splitlines() if ln.startswith("Predicted ")][-1]
+        rate = float(line.split(" examples/s")[0].rsplit(", ", 1)[1].replace(",", ""))
+        return {"examples_per_sec": rate, "wall_seconds": wall, "test_accuracy": float("nan")}
+
+    def plain() -> dict:
+        out, wall = b._run([sys.executable, "-c", PLAIN_PREDICT, str(run_dir / "saved_model"), str(arrays)])
+        return {**json.loads(out.strip().splitlines()[-1]), "wall_seconds": wall, "test_accuracy": float("nan")}
+
+    got = b.rounds("predict", {"distrain predict": ours, "plain Keras predict": plain,
+                               "distrain predict, 2 workers": lambda: ours("strategy=multi_worker_mirrored",
+                                                                           "cluster.workers=2")})
+    one, keras_, two = (got[k] for k in got)
+    b.row("predict", f"examples/s: distrain predict / plain Keras predict ({run['test_examples'] if 'test_examples' in run else ''}"
+          f"{'Fashion-MNIST' if fashion else 'bundled digits'} test split)", ratios(one, keras_), "", ">= 0.9",
+          statistics.median(ratios(one, keras_)) >= 0.9)
+    b.row("predict", "examples/s: 2 workers (multi_worker_mirrored) / one process, the tasks' start-up included",
+          ratios(two, one))
+    b.row("predict", "wall-clock seconds of the command: one process", [r["wall_seconds"] for r in one], " s")
+    b.row("predict", "wall-clock seconds of the command: 2 workers", [r["wall_seconds"] for r in two], " s")
 
 
 def settings(b: Bench) -> None:

@@ -157,7 +157,7 @@ def test_synthetic_is_deterministic_and_class_dependent():
 
 
 def test_pipeline_normalises_batches_and_shuffles_reproducibly():
-    from distrain import pipeline  # (TensorFlow)
+    from distrain import pipeline, worker_files  # noqa: F401 (TensorFlow)
 
     import tensorflow as tf
 
@@ -178,7 +178,7 @@ def test_pipeline_normalises_batches_and_shuffles_reproducibly():
 
 def test_worker_parts_reassemble_the_one_device_batches():
     """Sync workers each build their slice of every global batch: together, exactly one device's."""
-    from distrain import pipeline  # (TensorFlow)
+    from distrain import pipeline, worker_files  # noqa: F401 (TensorFlow)
 
     (x, y), _ = data.synthetic(200, 1, seed=0)
 
@@ -195,7 +195,7 @@ def test_worker_parts_reassemble_the_one_device_batches():
 
 
 def test_repeated_epochs_are_reshuffled_whole_batches():
-    from distrain import pipeline  # (TensorFlow)
+    from distrain import pipeline, worker_files  # noqa: F401 (TensorFlow)
 
     (x, y), _ = data.synthetic(96, 1, seed=0)
     ds = pipeline.make_dataset(x, y, 32, seed=3, shuffle_buffer=1000, repeat=True, drop_remainder=True)
@@ -207,7 +207,7 @@ def test_repeated_epochs_are_reshuffled_whole_batches():
 @pytest.mark.parametrize("compress", [True, False])
 def test_a_parameter_server_worker_reads_idx_files_itself(tmp_path, compress):
     """TensorFlow ops read the same arrays numpy does, wherever they run."""
-    from distrain import pipeline  # (TensorFlow)
+    from distrain import pipeline, worker_files  # noqa: F401 (TensorFlow)
 
     import tensorflow as tf
 
@@ -215,22 +215,22 @@ def test_a_parameter_server_worker_reads_idx_files_itself(tmp_path, compress):
     write_idx(tmp_path / "train-images-idx3-ubyte", x, compress)
     write_idx(tmp_path / "train-labels-idx1-ubyte", y, compress)
     like = (x[..., None], y.astype(np.int32))  # as the coordinator holds them
-    images, labels = pipeline.read_train_files(make_cfg("data.source=idx", f"data.path={tmp_path}").data, like)
+    images, labels = worker_files.read_train_files(make_cfg("data.source=idx", f"data.path={tmp_path}").data, like)
     np.testing.assert_array_equal(images.numpy(), like[0])
     np.testing.assert_array_equal(labels.numpy(), y)
     assert labels.dtype == tf.int32
-    assert pipeline.read_train_files(make_cfg("data.source=bundled").data, like) is None  # not files: shipped
+    assert worker_files.read_train_files(make_cfg("data.source=bundled").data, like) is None  # not files: shipped
 
 
 def test_float_images_and_large_labels_go_through_idx_files(tmp_path):
     """Other data (float images, labels past 255) takes the same way to parameter-server workers."""
-    from distrain import pipeline  # (TensorFlow)
+    from distrain import pipeline, worker_files  # noqa: F401 (TensorFlow)
 
     x = np.random.default_rng(0).random((50, 6, 5, 3)).astype(np.float32)
     y = np.arange(50, dtype=np.int32) * 7  # up to 343
     files = data.TemporaryIdx(x, y)
     np.testing.assert_array_equal(data.read_idx(Path(files.path) / "train-images-idx4-ubyte"), x)
-    images, labels = pipeline.read_train_files(files, (x, y), pipeline.train_file_hashes(files))
+    images, labels = worker_files.read_train_files(files, (x, y), worker_files.train_file_hashes(files))
     np.testing.assert_array_equal(images.numpy(), x)
     np.testing.assert_array_equal(labels.numpy(), y)
 
@@ -262,11 +262,11 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
 
 
 def test_a_local_clusters_workers_read_other_data_from_temporary_files():
-    from distrain import pipeline  # (TensorFlow)
+    from distrain import pipeline, worker_files  # noqa: F401 (TensorFlow)
 
     (x, y), _ = data.synthetic(300, 10, seed=3)
     files = data.TemporaryIdx(x, y)
-    images, labels = pipeline.read_train_files(files, (x, y), pipeline.train_file_hashes(files))
+    images, labels = worker_files.read_train_files(files, (x, y), worker_files.train_file_hashes(files))
     np.testing.assert_array_equal(images.numpy(), x)
     np.testing.assert_array_equal(labels.numpy(), y)
     path = Path(files.path)
@@ -276,7 +276,7 @@ def test_a_local_clusters_workers_read_other_data_from_temporary_files():
 
 def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
     """A worker checks the files it reads against the fingerprints of the coordinator's copy."""
-    from distrain import pipeline  # (TensorFlow)
+    from distrain import pipeline, worker_files  # noqa: F401 (TensorFlow)
 
     import tensorflow as tf
 
@@ -286,23 +286,23 @@ def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
         write_idx(tmp_path / machine / "train-labels-idx1-ubyte", labels, True)
     cfg = make_cfg("data.source=idx", f"data.path={tmp_path / 'here'}").data
     there = make_cfg("data.source=idx", f"data.path={tmp_path / 'there'}").data
-    hashes = pipeline.train_file_hashes(cfg)  # on the coordinator, of its copy
-    images, labels = tf.function(lambda: pipeline.read_train_files(cfg, (x, y), hashes))()  # as a worker runs it
+    hashes = worker_files.train_file_hashes(cfg)  # on the coordinator, of its copy
+    images, labels = tf.function(lambda: worker_files.read_train_files(cfg, (x, y), hashes))()  # as a worker runs it
     np.testing.assert_array_equal(labels.numpy(), y)  # the control: the same files pass
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        pipeline.read_train_files(there, (x, y), pipeline.train_file_hashes(cfg))
-    error = pipeline.unreadable_on_worker(raised.value, there)
+        worker_files.read_train_files(there, (x, y), worker_files.train_file_hashes(cfg))
+    error = worker_files.unreadable_on_worker(raised.value, there)
     assert str(error) == (f"a worker's {tmp_path}/there/train-labels-idx1-ubyte.gz holds other data than the "
                           f"coordinator read: every parameter-server worker reads the IDX files itself: give each "
                           f"worker's machine the same files at data.path={tmp_path}/there")
 
-    read = tf.function(lambda: pipeline.read_train_files(cfg, (x, y)))
+    read = tf.function(lambda: worker_files.read_train_files(cfg, (x, y)))
     read.get_concrete_function()  # the file names are settled where the function is made, as on a coordinator
     (tmp_path / "here" / "train-labels-idx1-ubyte.gz").unlink()  # ...and the worker has no such file
     with pytest.raises(tf.errors.NotFoundError) as raised:
         read()
-    assert str(pipeline.unreadable_on_worker(raised.value, cfg)).startswith(
+    assert str(worker_files.unreadable_on_worker(raised.value, cfg)).startswith(
         f"a worker cannot read its training data ({tmp_path}/here/train-labels-idx1-ubyte.gz; No such file or directory): "
         "every parameter-server worker reads the IDX files itself")
-    assert pipeline.unreadable_on_worker(tf.errors.NotFoundError(None, None, "elsewhere"), cfg) is None
-    assert pipeline.unreadable_on_worker(ValueError("x"), cfg) is None
+    assert worker_files.unreadable_on_worker(tf.errors.NotFoundError(None, None, "elsewhere"), cfg) is None
+    assert worker_files.unreadable_on_worker(ValueError("x"), cfg) is None

@@ -42,6 +42,8 @@ NOT_HERE = {
 PLACEHOLDERS = ("...",)
 # Commands whose config names what only exists after another run, or on another machine.
 NEEDS_ELSEWHERE = {"outputs/DATE/TIME": "names a run directory of the reader's",
+                   "multirun/DATE/TIME": "names a sweep directory of the reader's",
+                   "RUN_DIR": "names a run directory of the reader's (a usage line)",
                    "/gpu:": "names a GPU, which no machine of this project has"}
 # The reader's own modules that the docs name without showing (their code is the reader's): present, empty.
 READERS_MODULES = ("mymodels", "mylosses", "mydata")

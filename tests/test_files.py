@@ -310,7 +310,7 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
     """A file the launcher found, gone (or never there) where a worker reads it: one line naming it."""
     import tensorflow as tf
 
-    from distrain import pipeline
+    from distrain import pipeline, worker_files
 
     cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", "trainer.batch_size=32"))
     found = files.scan(cfg.data, seed=0)
@@ -318,9 +318,9 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
     found.train_files = [found.train_files[0], str(gone)]
     with pytest.raises(tf.errors.NotFoundError) as raised:
         list(pipeline.file_reader(found, cfg)().take(40))
-    assert str(pipeline.unreadable_on_worker(raised.value, cfg.data)).startswith(
+    assert str(worker_files.unreadable_on_worker(raised.value, cfg.data)).startswith(
         f"a task cannot read the data file {gone}")
-    assert pipeline.unreadable_on_worker(raised.value, make_cfg("data=synthetic").data) is None  # not files
+    assert worker_files.unreadable_on_worker(raised.value, make_cfg("data=synthetic").data) is None  # not files
 
 
 def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):

@@ -2,12 +2,17 @@
 examples, in input order, and refuse bad input in one line without writing anything."""
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from distrain import data, inference, tfrecords
-from helpers import make_cfg
+from distrain import data, inference, parts, tfrecords
+from helpers import TRAIN_PY, alive, make_cfg, task_pids, task_state, wait_until
 
 pytestmark = pytest.mark.slow  # a trained run, and TensorFlow in this process
 
@@ -27,6 +32,27 @@ def trained(tmp_path_factory):
     (run / "results.json").write_text(json.dumps(results))
     _, (x, y) = data.load(make_cfg("data.source=bundled").data, 42)
     return run, x, (x.astype("float32") / 255.0), y
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+    """A regression run (mean squared error; MAE and RMSE) of the mlp on tabular rows in a .npz, and its
+    test rows and targets."""
+    from omegaconf import OmegaConf
+
+    from distrain.training import train
+
+    where = tmp_path_factory.mktemp("regression")
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(1000, 8)).astype("float32")
+    target = (np.sin(rows[:, 0]) + rows[:, 1] * rows[:, 2] + 0.1 * rng.normal(size=1000)).astype("float32")
+    np.savez(where / "rows.npz", x_train=rows[:700], y_train=target[:700], x_test=rows[700:], y_test=target[700:])
+    cfg = make_cfg("data=npz", f"data.path={where / 'rows.npz'}", "model=mlp", "loss=mean_squared_error",
+                   "metrics=regression", "trainer.epochs=2", "trainer.batch_size=50", "trainer.verbose=0")
+    results, _ = train(cfg, where / "run")
+    OmegaConf.save(cfg, where / "run" / "config.yaml")
+    (where / "run" / "results.json").write_text(json.dumps(results))
+    return where / "run", rows[700:], target[700:]
 
 
 def use(command, run, *args):
@@ -100,8 +126,8 @@ def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(traine
 
 @pytest.mark.parametrize("args, says", [
     (["out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv or .tfrecord"),
-    (["strategy=multi_worker_mirrored", "out=p.npz"], "strategy=multi_worker_mirrored: evaluate and predict run in "
-                                                      "one process for now"),
+    (["strategy=multi_worker_mirrored", "cluster=manual", "cluster.worker_hosts=[a:1,b:2]", "out=p.npz"],
+     "cluster=manual: evaluate and predict run a cluster on this machine only"),
     (["checkpoint=/nowhere/ckpt-3", "out=p.npz"], "checkpoint=/nowhere/ckpt-3 holds no checkpoint"),
     ([], "predict needs out=PATH"),
 ])
@@ -125,3 +151,126 @@ def test_data_that_does_not_fit_the_model_says_both(trained, tmp_path, capsys):
     assert "the data's examples are (14, 14, 1), the model takes (28, 28, 1)" in capsys.readouterr().err
     assert use("evaluate", tmp_path) == 2  # no run here at all
     assert f"{tmp_path} holds no distrain run (no config.yaml)" in capsys.readouterr().err
+
+
+# ---- On a cluster: the outputs in parts, merged in order ---------------------------------------------------
+
+def test_parts_cover_every_example_once_in_order_and_a_missing_part_is_named(tmp_path):
+    plan = parts.plan(10, 4)
+    assert plan == [(0, 4), (4, 8), (8, 10)]
+    for k, (start, stop) in enumerate(plan):
+        parts.write(tmp_path, k, start, np.arange(start, stop, dtype=np.float32)[:, None] * 2)
+    merged = parts.merge(tmp_path, plan)
+    assert list(merged["index"]) == list(range(10)) and list(merged["outputs"][:, 0]) == [2.0 * i for i in range(10)]
+    assert parts.todo(tmp_path, [0, 1, 2]) == []
+    parts.path(tmp_path, 1).unlink()  # control: a part not written is found, and named
+    assert parts.todo(tmp_path, [0, 1, 2]) == [1]
+    with pytest.raises(inference.ConfigError, match="1 of 3 parts were not computed \\(part 1\\)"):
+        parts.merge(tmp_path, plan)
+
+
+def command(command, run, *args, cwd):
+    """`distrain COMMAND RUN ARGS` as a process of its own, as a user starts it."""
+    return subprocess.Popen([sys.executable, str(TRAIN_PY), command, str(run), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd)
+
+
+def ended(proc, timeout=240) -> str:
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def stopped_after_a_part(where, proc, name: str, k: int) -> int:
+    """Task `name` SIGSTOPped as soon as its part k is written (its pid from cluster.json), then SIGKILLed:
+    how many parts there were when it stopped."""
+    wait_until(lambda: parts.path(where / "parts", k).exists(), proc, f"part {k}", timeout=120, interval=0.005)
+    pid = task_state(where, name)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    written = len(list((where / "parts").glob("part-*.npz")))
+    os.kill(pid, signal.SIGKILL)
+    return written
+
+
+def test_predict_on_two_workers_with_one_killed_gives_every_output_once_in_order(trained, tmp_path):
+    """multi_worker_mirrored, 2 workers, TFRecord shards (round-robin) in parts of 8: worker-1 SIGKILLed
+    after its first part is restarted alone, computes only the parts not written, and the merged outputs
+    are plain Keras's predict in the files' order, each once."""
+    run, pixels, x, y = trained
+    tfrecords.write(pixels, y, tmp_path, "test", 3)
+    tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
+    order = [i for shard in range(3) for i in range(shard, len(y), 3)]
+    proc = command("predict", run, "data=tfrecord", f"data.train_files={tmp_path}/train-*",
+                   f"data.test_files={tmp_path}/test-*", "strategy=multi_worker_mirrored", "cluster.workers=2",
+                   "trainer.batch_size=8", "part_size=8", f"out={tmp_path / 'p.npz'}", cwd=tmp_path)
+    where = run / "evaluations" / "predict"
+    written = stopped_after_a_part(where, proc, "worker-1", 1)
+    out = ended(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert written < len(parts.plan(len(y), 8)), "every part was written before the kill: nothing was proved"
+    cluster = json.loads((where / "cluster.json").read_text())
+    assert [r["task"] for r in cluster["restarts"]] == ["worker-1"] and cluster["restarts"][0]["exit_status"] == -9
+    log = (where / "logs" / "worker-1.log").read_text()
+    assert "parts were written before it (re)started" in log  # (the restarted worker skipped what it had written)
+    with np.load(tmp_path / "p.npz") as found:
+        predictions, index = found["predictions"], found["index"]
+    assert list(index) == list(range(len(y)))
+    expected = plain_model(run).predict(x, batch_size=128, verbose=0)[order]
+    np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(predictions, expected[np.random.default_rng(0).permutation(len(y))], rtol=1e-5, atol=1e-6)
+    assert not (where / "parts").exists() and not [p for p in task_pids(where) if alive(p)]
+
+
+def test_a_regression_on_arrays_evaluates_and_predicts_as_keras_here_and_on_a_cluster(regression, tmp_path):
+    """The same figures and outputs as plain Keras (1e-5) in this process, under multi_worker_mirrored (2
+    workers, parts of 64 rows) and under parameter servers; a shuffled order fails the comparison."""
+    run, x, y = regression
+    model = plain_model(run)
+    expected = model.predict(x, batch_size=50, verbose=0)
+    figures = dict(zip(model.metrics_names, model.evaluate(x, y, batch_size=50, verbose=0)))
+    assert use("evaluate", run, "name=here") == 0 and use("predict", run, f"out={tmp_path / 'here.npz'}") == 0
+    procs = [command("evaluate", run, "strategy=multi_worker_mirrored", "cluster.workers=2", "part_size=64",
+                     "name=mwms", cwd=tmp_path)]
+    assert ended(procs[0]) and procs[0].returncode == 0
+    procs.append(command("predict", run, "strategy=parameter_server", "cluster.workers=2", f"out={tmp_path / 'ps.npz'}",
+                         cwd=tmp_path))
+    out = ended(procs[1])
+    assert procs[1].returncode == 0, out[-3000:]
+    for name in ("here", "mwms"):
+        found = json.loads((run / "evaluations" / f"{name}.json").read_text())
+        assert found["examples"] == len(y) and set(figures) <= set(found)
+        for key, value in figures.items():
+            assert found[key] == pytest.approx(value, rel=1e-5), (name, key)
+    shuffled = np.random.default_rng(0).permutation(len(y))
+    for name in ("here", "ps"):
+        with np.load(tmp_path / f"{name}.npz") as found:
+            assert list(found["index"]) == list(range(len(y)))
+            np.testing.assert_allclose(found["predictions"], expected, rtol=1e-5, atol=1e-6)
+            assert not np.allclose(found["predictions"], expected[shuffled], rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_under_parameter_servers_with_a_worker_killed_gives_keras_figures(trained, tmp_path):
+    """parameter_server, 2 workers, TFRecord shards in parts of 16: worker-0 SIGKILLed once a part is
+    written; the coordinator runs its functions again on the other worker, and the figures are plain
+    Keras's evaluate on the same examples (and, as a control, not those of another split)."""
+    run, pixels, x, y = trained
+    tfrecords.write(pixels, y, tmp_path, "test", 2)
+    tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
+    proc = command("evaluate", run, "data=tfrecord", f"data.train_files={tmp_path}/train-*",
+                   f"data.test_files={tmp_path}/test-*", "strategy=parameter_server", "cluster.workers=2",
+                   "trainer.batch_size=16", "part_size=16", "name=ps", cwd=tmp_path)
+    where = run / "evaluations" / "evaluate"
+    written = stopped_after_a_part(where, proc, "worker-0", 0)
+    out = ended(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert written < len(parts.plan(len(y), 16)), "every part was written before the kill: nothing was proved"
+    assert [r["task"] for r in json.loads((where / "cluster.json").read_text())["restarts"]] == ["worker-0"]
+    found = json.loads((run / "evaluations" / "ps.json").read_text())
+    loss, accuracy = plain_model(run).evaluate(x, y, batch_size=16, verbose=0)
+    assert found["examples"] == 2000 and found["strategy"] == "parameter_server" and found["workers"] == 2
+    assert found["loss"] == pytest.approx(loss, rel=1e-5) and found["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    half = plain_model(run).evaluate(x[:1000], y[:1000], batch_size=16, verbose=0)
+    assert found["loss"] != pytest.approx(half[0], rel=1e-5)  # control: other examples give other figures
+    assert not [p for p in task_pids(where) if alive(p)]

@@ -223,15 +223,15 @@ def _printed_config(flags: list, overrides: list) -> bool:
     return True
 
 
-def _tool(command: str, run_dir: str | None, flags: list, overrides: list) -> int:
+def _tool(command: str, run_dirs: list, flags: list, overrides: list) -> int:
     """A command of its own (write-tfrecords, evaluate, predict): it takes the config directories and
-    the overrides a run takes."""
+    the overrides a run takes (-m: a,b values make a job each)."""
     asks_help = bool({"-h", "--help"} & set(flags))
     if command in ("evaluate", "predict"):  # the trained model
         from . import inference
 
-        return inference.main(command, ([run_dir] if run_dir else []) + overrides, lambda o: _compose(flags, o),
-                              help=asks_help)
+        return inference.main(command, run_dirs + overrides, lambda o: _compose(flags, o), help=asks_help,
+                              multirun=bool({"-m", "--multirun"} & set(flags)))
     from . import tfrecords
 
     return tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
@@ -255,14 +255,16 @@ def main() -> None:
     logging.raiseExceptions = False  # a log file that cannot be written (a full disk): no traceback per line
     os.environ["HYDRA_FULL_ERROR"] = "1"
     command = sys.argv.pop(1) if sys.argv[1:2] in (["write-tfrecords"], ["evaluate"], ["predict"]) else None
-    run_dir = sys.argv.pop(1) if command in ("evaluate", "predict") and sys.argv[1:2] and \
-        not sys.argv[1].startswith("-") and "=" not in sys.argv[1] else None
+    run_dirs = []  # (several: a sweep's, multirun/DATE/TIME/*)
+    while command in ("evaluate", "predict") and sys.argv[1:2] and not sys.argv[1].startswith("-") and \
+            "=" not in sys.argv[1]:
+        run_dirs.append(sys.argv.pop(1))
     flags, overrides = _flags_first(sys.argv[1:])
     sys.argv[1:] = flags + overrides
     OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
         if command:
-            sys.exit(_tool(command, run_dir, flags, overrides))
+            sys.exit(_tool(command, run_dirs, flags, overrides))
         if _quick_help(flags, overrides):
             return
         if not _printed_config(flags, overrides):

@@ -5,6 +5,7 @@ decoding), the classes, and one example's shape; bad files are one line naming t
 is kept beside the run (data.json), so that the tasks, which stream the files (pipeline.py), read
 none of it again.
 """
+import functools
 import glob
 import io
 import os
@@ -12,6 +13,8 @@ import struct
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from .errors import ConfigError
 
@@ -60,6 +63,13 @@ def tfrecord_lengths(path: Path):
             yield length
             at += 16 + length
             f.seek(at)
+
+
+@functools.lru_cache(maxsize=4)
+def record_ends(paths: tuple) -> np.ndarray:
+    """Where each file's records end, counted over the files in order (the records of TFRecord files,
+    from their headers): counted once per process."""
+    return np.cumsum([sum(1 for _ in tfrecord_lengths(Path(p))) for p in paths], dtype=np.int64)
 
 
 def tfrecord_records(path: Path):

@@ -3,7 +3,7 @@
 Importing TensorFlow takes a task about 3.5 s of CPU before it does anything: a cluster of 4 tasks
 on 2 cores spends 7 s of its start-up there, and every restarted task again. The fork server
 imports it once per run, then forks a task in milliseconds: each child becomes the task process
-`python -m distrain.task CONFIG` would be (its own process group, environment, output pipe, cores), with
+`python -m distrain.task CONFIG` (or the module it is given) would be (its own process group, environment, output pipe, cores), with
 a clean TensorFlow (no device, no server, no thread started before the fork).
 
 Python's multiprocessing has a fork server too, but its children are not such processes (no session
@@ -31,8 +31,8 @@ class ForkServer:
     `wrap(argv)` runs the server where the tasks must run (PrivateNetwork.wrap). If the server
     cannot start, `available` is False, and `reason` says why: tasks then start the usual way."""
 
-    def __init__(self, config_path: Path, log_path: Path, wrap=lambda argv: argv):
-        self.config_path, self.log_path, self.wrap = str(config_path), log_path, wrap
+    def __init__(self, config_path: Path, log_path: Path, wrap=lambda argv: argv, module: str = "distrain.task"):
+        self.config_path, self.log_path, self.wrap, self.module = str(config_path), log_path, wrap, module
         self.available, self.reason, self.proc = False, "", None
         self._children, self._exited, self._replies, self._lock = {}, {}, [], threading.Lock()
         self._replied = threading.Condition(self._lock)
@@ -44,7 +44,8 @@ class ForkServer:
             # One BLAS thread: the server must hold no thread when it forks (numpy's BLAS starts some).
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
             self.proc = subprocess.Popen(
-                self.wrap([sys.executable, "-m", "distrain.forkserver", self.config_path, str(theirs.fileno())]), env=env,
+                self.wrap([sys.executable, "-m", "distrain.forkserver", self.config_path, str(theirs.fileno()),
+                           self.module]), env=env,
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -191,8 +192,9 @@ def _own_group(pid: int) -> None:
         pass
 
 
-def become_task(config: str, request: dict, out: int) -> int:
-    """In a forked child: turn into the task process the launcher asked for, and run it."""
+def become_task(config: str, module: str, request: dict, out: int) -> int:
+    """In a forked child: turn into the task process the launcher asked for (`python -m MODULE CONFIG`),
+    and run it."""
     _own_group(0)  # the launcher signals the task as a whole (the server has no terminal to share)
     die_with_parent()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -205,9 +207,9 @@ def become_task(config: str, request: dict, out: int) -> int:
         os.sched_setaffinity(0, request["cores"])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    from . import task
+    import importlib
 
-    return task.main([config])
+    return importlib.import_module(module).main([config])
 
 
 if __name__ == "__main__":
@@ -215,4 +217,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before a task can answer it (stacks.py)
     # Its command line names the run's config, as each task's does (`ps` tells the runs apart).
     forked = serve(int(sys.argv[2]))
-    exit_now(become_task(sys.argv[1], *forked) if forked else 0)  # the server too: it has nothing to save
+    exit_now(become_task(sys.argv[1], sys.argv[3], *forked) if forked else 0)  # the server too: it has nothing to save

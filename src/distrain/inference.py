@@ -2,13 +2,16 @@
 trained model on the run's test data, or on any data the overrides name, with the run's own loss,
 metrics, class names and input pipeline. The run's config.yaml says everything the overrides do not.
 
-They run in this process, under a strategy of one process (default, one_device, mirrored,
-central_storage); clusters are not supported yet. The data is the named data's test split, read each
+They run in this process under a strategy of one process (default, one_device, mirrored,
+central_storage), or on a cluster of this machine (multi_worker_mirrored, parameter_server with
+cluster=local), which computes the outputs in parts (parts.py) while this process merges them. The data is the named data's test split, read each
 example once and in order: arrays by row, TFRecord shards by file (sorted) then record, an image folder's
 test images by path (sorted). evaluate writes evaluations/<name>.json in the run directory, never over the
 run's results nor an earlier evaluation; predict writes out=PATH whole or not at all."""
+import contextlib
 import csv
 import io
+import itertools
 import json
 import sys
 import time
@@ -17,43 +20,118 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from . import schema, storage
+from . import parts, schema, storage
 from .errors import ConfigError, print_error
 
-OPTIONS = ("out", "checkpoint", "name", "overwrite")
+OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
 FORMATS = (".npz", ".csv", ".tfrecord")
-ONE_PROCESS = ("default", "one_device", "mirrored", "central_storage")
 USAGE = {"evaluate": "distrain evaluate RUN_DIR [--config-dir DIR] [overrides, e.g. data=...] [checkpoint=latest|PATH] "
                      "[name=NAME]",
          "predict": "distrain predict RUN_DIR [--config-dir DIR] [overrides, e.g. data=...] out=PATH.npz|.csv|.tfrecord "
                     "[checkpoint=latest|PATH] [overwrite=true]"}
 
 
-def main(command: str, argv: list, compose, help: bool = False) -> int:
-    """The command: argv the run directory, then key=value arguments; compose(overrides) the config as a
-    run's would be composed (--config-dir included); help: print the usage."""
+def main(command: str, argv: list, compose, help: bool = False, multirun: bool = False) -> int:
+    """The command: argv the run directories (one, or several: a sweep's, `multirun/DATE/TIME/*`), then
+    key=value arguments; compose(overrides) the config as a run's would be composed (--config-dir
+    included); help: print the usage; multirun (-m): a,b values of the overrides make a job each. Several
+    jobs end with a table of them."""
     if help:
         print("usage: " + USAGE[command])
         return 0
-    if not argv or "=" in argv[0]:
+    runs = [Path(a) for a in itertools.takewhile(lambda a: "=" not in a, argv)]
+    rest = argv[len(runs):]
+    if not runs:
         print_error(f"{command} needs a run directory first: {USAGE[command]}")
         return 2
-    run_dir, rest = Path(argv[0]), argv[1:]
     options = dict(a.split("=", 1) for a in rest if a.split("=", 1)[0] in OPTIONS)
     overrides = [a for a in rest if a.split("=", 1)[0] not in OPTIONS]
+    try:
+        swept = sweep_overrides(overrides) if multirun else [overrides]
+        if len(runs) > 1:  # (a shell's glob of a sweep's directory names its files too)
+            runs = [run for run in runs if run.is_dir()]
+        jobs = [(run, job) for run in runs for job in swept]
+        if len(jobs) == 1:
+            return 0 if one(command, *jobs[0], options, compose) else 2
+    except ConfigError as exc:
+        print_error(str(exc))
+        return 2
+    return several(command, jobs, options, compose, varied=[_key(o) for o in overrides if "," in o])
+
+
+def one(command: str, run_dir: Path, overrides: list, options: dict, compose) -> dict:
+    """One evaluation or prediction: what it wrote ({} if it failed, saying why in one line)."""
     try:
         out = _out(options) if command == "predict" else None
         cfg = settle(run_dir, compose, overrides)
         from .tfrecords import tensorflow_lines_to
 
         changed = _data_changed(overrides)
-        with tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"):
+        with tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"), \
+                parts.Cluster(cfg, run_dir, command) if _clustered(cfg) else contextlib.nullcontext() as cluster:
             if command == "evaluate":
-                return evaluate(cfg, run_dir, options, changed)
-            return predict(cfg, run_dir, options, out, changed)
+                return evaluate(cfg, run_dir, options, changed, cluster)
+            return predict(cfg, run_dir, options, out, changed, cluster)
     except ConfigError as exc:
         print_error(str(exc))
-        return 2
+        return {}
+
+
+def sweep_overrides(overrides: list) -> list[list]:
+    """Each combination of the overrides' a,b values (as Hydra's basic sweeper makes its jobs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = [list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.input_line] for o in parsed]
+    return [[f"{o.get_key_element()}={v}" if o.is_sweep_override() else v for o, v in zip(parsed, values)]
+            for values in itertools.product(*choices)]
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def several(command: str, jobs: list, options: dict, compose, varied: list) -> int:
+    """Each job in turn (a failed one recorded, the others go on), then a table of them all; exit status 1
+    if any failed. predict's out=NAME.EXT becomes NAME-<job>.EXT for each."""
+    import tf_keras as keras
+
+    rows = []
+    for n, (run, overrides) in enumerate(jobs):
+        values = dict(o.split("=", 1) for o in overrides if _key(o) in varied)
+        print(f"[#{n}] {command} {run} {' '.join(overrides)}".rstrip(), flush=True)
+        mine = {**options, "out": _numbered(options["out"], n)} if "out" in options else options
+        try:
+            found = one(command, run, overrides, mine, compose)
+        except Exception as exc:  # noqa: BLE001 - one failed job is a recorded failure, not the end of the sweep
+            print_error(f"job #{n} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            found = {}
+        rows.append({"#": n, "run": str(run), **values, "status": "ok" if found else "failed", **found})
+        keras.backend.clear_session()
+    print(table(rows, varied), flush=True)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def _numbered(out: str, n: int) -> str:
+    path = Path(out)
+    return str(path.with_name(f"{path.stem}-{n}{path.suffix}"))
+
+
+def table(rows: list, varied: list) -> str:
+    """The jobs, a line each: their run, swept values and status, then what each wrote: evaluate's
+    examples and figures, predict's examples, seconds and file."""
+    hidden = ("data", "data_source", "weights", "strategy", "workers")
+    columns = ["#", "run", *varied, "status"]
+    columns += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in columns and k not in hidden]
+    cells = [[_cell(r.get(k)) for k in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in [columns, *cells])
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _out(options: dict) -> Path:
@@ -76,6 +154,7 @@ def settle(run_dir: Path, compose, overrides: list):
     """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
     a run would compose it), checked."""
     from .config import _keys, validate
+    from .context import Topology
     from .rundir import RunDir
 
     saved_path = RunDir(run_dir).config
@@ -88,19 +167,23 @@ def settle(run_dir: Path, compose, overrides: list):
         if not key.startswith("hydra"):
             OmegaConf.update(merged, key, OmegaConf.select(asked, key), merge=False)
     cfg = validate(merged)
-    if cfg.strategy.name not in ONE_PROCESS:
-        raise ConfigError(f"strategy={cfg.strategy.name}: evaluate and predict run in one process for now; set "
-                          f"strategy= one of {', '.join(ONE_PROCESS)}")
+    topology = Topology.of(cfg)
+    if topology.clustered and not topology.local:
+        raise ConfigError(f"cluster={cfg.cluster.name}: evaluate and predict run a cluster on this machine only; set "
+                          "cluster=local (cluster.workers=N), or a strategy of one process")
     return cfg
 
 
-def load(cfg, run_dir: Path, options: dict, data_changed: bool):
+def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, where=None):
     """(The data, the model with the run's trained weights compiled with its loss and metrics, whether it
-    outputs probabilities, where the weights came from)."""
+    outputs probabilities, where the weights came from), under `strategy` (by default the config's, or
+    on a cluster this process's default: parts.py runs the cluster). where: the RunDir whose data.json
+    holds the data files found (by default the run's, for its own data)."""
+    import tensorflow as tf
     import tf_keras as keras
 
     from . import data as data_lib
-    from .context import RunContext
+    from .context import RunContext, Topology
     from .inputs import load_data
     from .model import compile_model
     from .rundir import RunDir
@@ -108,12 +191,13 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool):
     from .training import build, set_precision
 
     cfg.trainer.steps_per_epoch = 1  # (nothing trains: the training split's size need not fit the batch)
-    configure_devices(cfg.strategy)
-    strategy = make_strategy(cfg.strategy)
+    if strategy is None:
+        configure_devices(cfg.strategy)
+        strategy = tf.distribute.get_strategy() if Topology.of(cfg).clustered else make_strategy(cfg.strategy)
     source, _ = data_lib.resolve_source(cfg.data)
     cfg.data.source = source
     # The run's data.json holds its own data files; other data is scanned here (a directory with none).
-    where = RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
+    where = where or RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
     policy = set_precision(cfg.trainer)
     keras.utils.set_random_seed(cfg.trainer.seed)
     data = load_data(cfg, RunContext.of(where, cfg).know_strategy(strategy))
@@ -167,25 +251,60 @@ def restore(model, run_dir: Path, cfg, checkpoint: str | None) -> str:
     return f"checkpoint {path}"
 
 
-def evaluate(cfg, run_dir: Path, options: dict, data_changed: bool) -> int:
-    """The run's loss and metrics on the data's test split: one line, and evaluations/<name>.json."""
+def evaluate(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=None) -> int:
+    """The run's loss and metrics on the data's test split: one line, and evaluations/<name>.json. On a
+    cluster, the tasks compute the outputs (parts.py) and this process the figures from them, as Keras's
+    evaluate() computes them from its test_step's."""
     from .training import evaluate as keras_evaluate
 
     data, model, _, said = load(cfg, run_dir, options, data_changed)
     start = time.perf_counter()
-    figures = keras_evaluate(model, data.reader(cfg, training=False)(), data.test_steps(cfg.trainer.batch_size))
+    if cluster:
+        found, _ = cluster.compute(data, options)
+        figures = score(model, found["outputs"], found["labels"], cfg.trainer.batch_size)
+    else:
+        figures = keras_evaluate(model, data.reader(cfg, training=False)(), data.test_steps(cfg.trainer.batch_size))
     seconds = time.perf_counter() - start
     name = options.get("name") or schema.label(cfg.data)
     found = {"data": schema.label(cfg.data), "data_source": cfg.data.source, "examples": data.test_examples,
-             "weights": said, "strategy": cfg.strategy.name, "seconds": round(seconds, 3),
+             "weights": said, "strategy": cfg.strategy.name, **_workers(cfg), "seconds": round(seconds, 3),
              **{k: float(np.mean(v)) for k, v in figures.items()}}
     path = _free(run_dir / "evaluations", name)
     storage.write_atomic(path, json.dumps(found, indent=2) + "\n")
     shown = ", ".join(f"{k} {v:.2%}" if "accuracy" in k else f"{k} {v:.4f}" for k, v in figures.items()
                       if np.ndim(v) == 0)
-    print(f"Evaluated on {data.test_examples:,} examples of {found['data']} ({said}): {shown} | written to {path}",
-          flush=True)
-    return 0
+    print(f"Evaluated on {data.test_examples:,} examples of {found['data']} ({said}{_on(cfg)}): {shown} | written to "
+          f"{path}", flush=True)
+    return found
+
+
+def score(model, outputs, labels, batch_size: int) -> dict:
+    """The model's compiled loss and metrics of these outputs and labels, batch by batch as evaluate()
+    takes them (its test_step: compute_loss, then compute_metrics)."""
+    import tensorflow as tf
+
+    model.reset_metrics()
+    figures = {}
+    for i in range(0, len(outputs), batch_size):
+        y, y_pred = tf.constant(labels[i:i + batch_size]), tf.constant(outputs[i:i + batch_size])
+        model.compute_loss(y=y, y_pred=y_pred)
+        figures = model.compute_metrics(None, y, y_pred, None)
+    return {k: np.asarray(v) for k, v in figures.items()}
+
+
+def _clustered(cfg) -> bool:
+    from .context import Topology
+
+    return Topology.of(cfg).clustered
+
+
+def _workers(cfg) -> dict:
+    return {"workers": cfg.cluster.workers} if _clustered(cfg) else {}
+
+
+def _on(cfg) -> str:
+    """Where the examples were computed, where not in this process."""
+    return f"; {cfg.cluster.workers} workers, {cfg.strategy.name}" if _clustered(cfg) else ""
 
 
 def _free(directory: Path, name: str) -> Path:
@@ -197,16 +316,20 @@ def _free(directory: Path, name: str) -> Path:
     return path
 
 
-def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool) -> int:
+def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool, cluster=None) -> int:
     """The model's outputs for every example of the data's test split, in order, into out (.npz: the
     outputs as predict() gives them, and each example's index; .csv: a row per example; .tfrecord: an
     Example per input, its index, source and outputs)."""
     import tensorflow as tf
 
     data, model, probabilities, said = load(cfg, run_dir, options, data_changed)
-    images = data.reader(cfg, training=False)().map(lambda x, y: x)
     start = time.perf_counter()
-    outputs = model.predict(images, steps=data.test_steps(cfg.trainer.batch_size), verbose=2 if sys.stdout.isatty() else 0)
+    if cluster:
+        outputs = cluster.compute(data, options)[0]["outputs"]
+    else:
+        images = data.reader(cfg, training=False)().map(lambda x, y: x)
+        outputs = model.predict(images, steps=data.test_steps(cfg.trainer.batch_size),
+                                verbose=2 if sys.stdout.isatty() else 0)
     seconds = time.perf_counter() - start
     outputs = np.asarray(outputs, np.float32)
     if len(outputs) != data.test_examples:  # (each example once: the reader's promise, checked)
@@ -222,9 +345,9 @@ def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool) ->
         classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
         shown = outputs if probabilities or not classes else tf.nn.softmax(outputs).numpy()
         storage.write_atomic(out, _csv(index, sources(data), shown, classes, data.class_names))
-    print(f"Predicted {len(outputs):,} examples of {schema.label(cfg.data)} ({said}) in {seconds:.1f} s, "
+    print(f"Predicted {len(outputs):,} examples of {schema.label(cfg.data)} ({said}{_on(cfg)}) in {seconds:.1f} s, "
           f"{len(outputs) / max(seconds, 1e-9):,.0f} examples/s: written to {out}", flush=True)
-    return 0
+    return {"examples": len(outputs), "seconds": round(seconds, 3), "out": str(out)}
 
 
 def sources(data) -> list:
@@ -234,9 +357,10 @@ def sources(data) -> list:
         return [f"row {i}" for i in range(data.test_examples)]
     if found.kind == "images":
         return list(found.test_files)
-    from .files import tfrecord_lengths
+    from .files import record_ends
 
-    return [f"{path}#{i}" for path in found.test_files for i, _ in enumerate(tfrecord_lengths(Path(path)))]
+    ends = record_ends(tuple(found.test_files))
+    return [f"{path}#{i}" for path, n in zip(found.test_files, np.diff(ends, prepend=0)) for i in range(n)]
 
 
 def _tfrecord(out: Path, index, where: list, outputs) -> None:

@@ -9,11 +9,12 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from . import files
-from .data import idx_header, train_idx_files
 from .errors import ConfigError
+from .worker_files import read_train_files
 
 # The functions the datasets here map build their graphs with tf.cond where they branch, so autograph's
 # conversion of them buys nothing; it cost each process that reads files 1.4 s of CPU (measured).
@@ -40,16 +41,19 @@ class InputReader:
     repeated, whole batches; else each example once, in order. skip: global batches already trained
     (a resumed synchronous run). topology (context.Topology): under parameter servers each worker reads
     its own shard, a batch per step of its own; synchronous pipelines each read their part of every
-    global batch, one per-replica batch per element."""
+    global batch, one per-replica batch per element. examples: [(start, stop), ...], the test examples of
+    these ranges alone, in order (the parts of a clustered evaluate or predict a task computes: parts.py),
+    batched within each range where the ranges are whole batches."""
 
-    def __init__(self, source, cfg, *, training: bool = True, skip: int = 0, topology=None):
+    def __init__(self, source, cfg, *, training: bool = True, skip: int = 0, topology=None, examples=None):
         self.source, self.cfg, self.training, self.skip = source, cfg, training, skip
+        self.examples = examples
         self.own_shards = topology.workers if topology is not None and topology.parameter_servers else 0
 
     def __call__(self, context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
         t = self.cfg.trainer
         if not self.training:
-            return _finish(self.source.test(self.cfg), training=False)
+            return _finish(self.source.test(self.cfg, self.examples), training=False)
         if self.own_shards:  # runs on the worker
             part = Part(self.own_shards, tf.distribute.coordinator.experimental_get_current_worker_index(),
                         context.get_per_replica_batch_size(t.batch_size), own=True)
@@ -87,8 +91,9 @@ class ArraySource:
         self.images, self.labels = images, labels
         self.files, self.expect = files, expect  # (held for the run: `files` may own them, TemporaryIdx)
 
-    def test(self, cfg) -> tf.data.Dataset:
-        return make_dataset(self.images, self.labels, cfg.trainer.batch_size, seed=cfg.trainer.seed)
+    def test(self, cfg, ranges: list | None = None) -> tf.data.Dataset:
+        take = np.concatenate([np.arange(a, b) for a, b in ranges]) if ranges else slice(None)
+        return make_dataset(self.images[take], self.labels[take], cfg.trainer.batch_size, seed=cfg.trainer.seed)
 
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
         t, shuffle = cfg.trainer, cfg.data.shuffle_buffer
@@ -128,10 +133,25 @@ class FileSource:
     def __init__(self, found, data):
         self.found, self.data = found, data
 
-    def test(self, cfg) -> tf.data.Dataset:
-        # (file by file: each test example in the files' order, then the records', as predict promises)
-        ds = self._records(self.found.test_files, self.found.test_labels, in_order=True).batch(cfg.trainer.batch_size)
-        return ds.map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
+    def test(self, cfg, ranges: list | None = None) -> tf.data.Dataset:
+        """The test examples (of the ranges [(start, stop), ...]): file by file, in the files' order, then
+        the records', as predict promises. A range reads only the files it spans."""
+        found = self.found
+        if not ranges:
+            ds = self._records(found.test_files, found.test_labels, in_order=True)
+        elif found.kind == "images":  # (a file per example)
+            take = np.concatenate([np.arange(a, b) for a, b in ranges])
+            ds = self._records([found.test_files[i] for i in take], [found.test_labels[i] for i in take], in_order=True)
+        else:  # each range's stretch of each file it spans, from the record counts of the file headers
+            ends = files.record_ends(tuple(found.test_files))
+            starts = np.concatenate([[0], ends[:-1]])
+            stretches = [(f, max(a - s, 0), min(b, e) - max(a, s)) for a, b in ranges
+                         for f, s, e in zip(found.test_files, starts, ends) if s < b and e > a]
+            names, firsts, counts = zip(*stretches)
+            ds = tf.data.Dataset.from_tensor_slices((list(names), np.int64(firsts), np.int64(counts))).flat_map(unconverted(
+                lambda f, first, n: tf.data.TFRecordDataset(f).enumerate().skip(first).take(n).map(
+                    lambda i, r: (f, i, r))))
+        return ds.batch(cfg.trainer.batch_size).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
 
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
         t, found, data = cfg.trainer, self.found, self.data
@@ -333,79 +353,6 @@ def bad_data(exc: Exception) -> ConfigError | None:
                            "launcher read its headers, or differs on this task's machine; rewrite it, and run again "
                            "(the launcher names a file cut short)")
     return None
-
-
-OTHER_DATA = "holds other data than the coordinator read"
-HASH_BUCKETS = 2 ** 62  # tf.strings.to_hash_bucket_fast: the file's 64-bit fingerprint, in range
-
-
-def read_train_files(data, like, expect=None):
-    """The training images and labels as TensorFlow ops that read the IDX files where they run, shaped
-    and typed `like` the coordinator's (images, labels), or None for a source that is not files. A
-    parameter-server worker reads its data itself this way: arrays captured in its dataset function
-    would be shipped to every worker through the coordinator (at 60,000 examples, about 5 s of
-    start-up and 0.5 GB more memory per worker, measured).
-
-    expect: train_file_hashes() of the coordinator's files; a worker whose files differ (another
-    version of the data at the same path) fails rather than train on them."""
-    if data.source != "idx":
-        return None
-    def read(path: Path, array, expected):
-        raw = _contents(path)
-        if expected is not None:  # a fingerprint of the bytes: no copy of them, unlike a sum
-            same = tf.equal(tf.strings.to_hash_bucket_fast(raw, HASH_BUCKETS), tf.constant(expected, tf.int64))
-            with tf.control_dependencies([tf.debugging.Assert(same, [f"{path} {OTHER_DATA}"])]):
-                raw = tf.identity(raw)
-        header, dtype = idx_header(path)  # checked when the coordinator loaded the file
-        values = tf.io.decode_raw(tf.strings.substr(raw, header, -1), tf.as_dtype(dtype), little_endian=False)
-        return tf.reshape(tf.cast(values, array.dtype), [-1, *array.shape[1:]])
-
-    files = train_idx_files(data)
-    return tuple(read(f, array, e) for f, array, e in zip(files, like, expect or (None, None)))
-
-
-def train_file_hashes(data) -> tuple[int, int] | None:
-    """Fingerprints of the training IDX files (images, labels) as this machine holds them."""
-    if data.source != "idx":
-        return None
-    return tuple(int(tf.strings.to_hash_bucket_fast(_contents(f), HASH_BUCKETS)) for f in train_idx_files(data))
-
-
-def _contents(path: Path):
-    """A file's bytes, decompressed, as a TensorFlow op (it runs where the function runs)."""
-    raw = tf.io.read_file(str(path))
-    return tf.io.decode_compressed(raw, "GZIP") if path.suffix == ".gz" else raw
-
-
-
-
-def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
-    """A worker's failure to read data.path (missing there, or other data), or its data files, as one line;
-    else None."""
-    exc = getattr(exc, "original_exception", exc)  # the coordinator wraps a failed dataset (ClosureInputError)
-    if data.source not in ("idx", "tfrecord", "images") or \
-            not isinstance(exc, (tf.errors.NotFoundError, tf.errors.InvalidArgumentError)):
-        return None
-    if data.source != "idx":  # data in files: a file the launcher found, missing where a task reads it
-        missing = re.search(r"NotFoundError|No such file or directory", exc.message) and \
-            re.search(r"(/[^\s;,'\"]+)[:;,]? No such file", exc.message)
-        if isinstance(exc, tf.errors.NotFoundError) or missing:
-            path = missing.group(1) if missing else re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0]
-            return ConfigError(f"a task cannot read the data file {path}, which the launcher found: every worker "
-                               "reads the data files itself, at the same path; give each machine the same files "
-                               "(shared storage), or fix data.train_files / data.path")
-        return None
-    fix = ("every parameter-server worker reads the IDX files itself: give each worker's machine the same "
-           f"files at data.path={data.path}")
-    other = re.search(rf"([^\s\[\]'\"]+) {OTHER_DATA}", exc.message)
-    if other:
-        return ConfigError(f"a worker's {other.group(1)} {OTHER_DATA}: {fix}")
-    if isinstance(exc, tf.errors.NotFoundError) and str(data.path) in exc.message:
-        missing = re.sub(r"\{\{function_node [^}]*\}\}", "", exc.message.splitlines()[0]).strip()
-        return ConfigError(f"a worker cannot read its training data ({missing}): {fix}")
-    return None
-
-
 
 
 def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None,

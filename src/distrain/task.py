@@ -41,7 +41,8 @@ def main(argv=None) -> int:
             if context.topology.parameter_servers and task.type in ("ps", "worker"):
                 return serve(context, cfg.cluster.name == "slurm", cfg.cluster.startup_timeout)
         # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
-        from .pipeline import bad_data, unreadable_on_worker
+        from .pipeline import bad_data
+        from .worker_files import unreadable_on_worker
         from .strategy import configure_devices, make_strategy
         from .targets import check_arguments
         from .training import train

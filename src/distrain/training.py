@@ -18,7 +18,7 @@ from .inputs import Arrays, Files, load_data
 from .metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, pick_accuracy
 from .model import build_model, check_model, compile_model
 from .optimizer import make_optimizer, plain_keras
-from .pipeline import train_file_hashes
+from .worker_files import train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .profiling import Profile
 from .rundir import RunDir
