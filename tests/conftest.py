@@ -61,6 +61,7 @@ LONGEST_FIRST = ["test_resume",  # 115 s
                  "test_slurm",  # 70 s
                  "test_sweep",  # 65 s
                  "test_bad_input",  # 52 s
+                 "test_inference",  # 50 s
                  "test_own_model",  # 45 s
                  "test_files",  # 45 s
                  "test_training",  # 35 s
@@ -69,8 +70,7 @@ LONGEST_FIRST = ["test_resume",  # 115 s
                  "test_cli",  # 22 s
                  "test_accounting",  # 20 s
                  "test_optimizer",  # 15 s
-                 "test_cluster",  # 12 s
-                 "test_inference"]  # 10 s; the others take seconds
+                 "test_cluster"]  # 12 s; the others take seconds
 
 
 def pytest_collection_modifyitems(items):

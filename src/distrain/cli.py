@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from . import checking, storage
 from .config import validate
 from .errors import ConfigError, print_error
+from .process import exit_now
 from .protocol import STARTED
 from .rundir import RunDir
 
@@ -264,7 +265,11 @@ def main() -> None:
     OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
         if command:
-            sys.exit(_tool(command, run_dirs, flags, overrides))
+            had_tensorflow = "tensorflow" in sys.modules
+            code = _tool(command, run_dirs, flags, overrides)
+            if "tensorflow" in sys.modules and not had_tensorflow:  # (all is written: its shutdown takes a second)
+                exit_now(code)
+            sys.exit(code)
         if _quick_help(flags, overrides):
             return
         if not _printed_config(flags, overrides):

@@ -329,7 +329,7 @@ def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool, cl
     else:
         images = data.reader(cfg, training=False)().map(lambda x, y: x)
         outputs = model.predict(images, steps=data.test_steps(cfg.trainer.batch_size),
-                                verbose=2 if sys.stdout.isatty() else 0)
+                                verbose=1 if sys.stdout.isatty() else 0)  # (a progress bar)
     seconds = time.perf_counter() - start
     outputs = np.asarray(outputs, np.float32)
     if len(outputs) != data.test_examples:  # (each example once: the reader's promise, checked)
