@@ -215,22 +215,26 @@ print(json.dumps({"examples_per_sec": len(x) / (time.perf_counter() - start)}))
 
 
 def predict(b: Bench) -> None:
-    """`distrain predict` on a trained run's test split against plain Keras `predict` on the same arrays
+    """`distrain predict` on a trained run's model against plain Keras `predict` on the same arrays
     (the SavedModel loaded, batch 128), and on 2 workers (multi_worker_mirrored); the examples/s each
     reports for its predictions alone, and the command's wall-clock seconds, start-up included."""
     fashion = (FASHION / "train-images-idx3-ubyte.gz").exists()
     data = ["data=fashion_mnist"] if fashion else ["data.source=bundled"]
     run = b.train("trainer.epochs=1", *data, "trainer.save_model=true")
     run_dir = Path(run["run_dir"])
-    arrays = b.workdir / "test.npz"
+    # The training split's images as the test split of an .npz (60,000 with Fashion-MNIST): a window long
+    # enough that tracing the predict function is not what is measured
+    arrays, images = b.workdir / "plain.npz", b.workdir / "images.npz"
     b._run([sys.executable, "-c", "import sys, numpy as np; from distrain import data; from helpers import make_cfg; "
-            "_, (x, y) = data.load(make_cfg(*sys.argv[2:]).data, 42); "
-            "np.savez(sys.argv[1], x=x.astype('float32')[..., None] / 255.0)", str(arrays), *data],
+            "(x, y), _ = data.load(make_cfg(*sys.argv[3:]).data, 42); "
+            "np.savez(sys.argv[1], x_train=x[:10], y_train=y[:10], x_test=x, y_test=y); "
+            "np.savez(sys.argv[2], x=x.astype('float32')[..., None] / 255.0)", str(images), str(arrays), *data],
            env={"PYTHONPATH": str(HERE.parent / "tests")})
+    data = ["data=npz", f"data.path={images}"]
     n = iter(range(10 ** 6))
 
     def ours(*args) -> dict:
-        out, wall = b._run([sys.executable, str(TRAIN), "predict", str(run_dir), *args,
+        out, wall = b._run([sys.executable, str(TRAIN), "predict", str(run_dir), *data, *args,
                             f"out={b.workdir / f'p{next(n)}.npz'}"])
         line = [ln for ln in out.splitlines() if ln.startswith("Predicted ")][-1]
         rate = float(line.split(" examples/s")[0].rsplit(", ", 1)[1].replace(",", ""))
@@ -244,8 +248,8 @@ def predict(b: Bench) -> None:
                                "distrain predict, 2 workers": lambda: ours("strategy=multi_worker_mirrored",
                                                                            "cluster.workers=2")})
     one, keras_, two = (got[k] for k in got)
-    b.row("predict", f"examples/s: distrain predict / plain Keras predict ({run['test_examples'] if 'test_examples' in run else ''}"
-          f"{'Fashion-MNIST' if fashion else 'bundled digits'} test split)", ratios(one, keras_), "", ">= 0.9",
+    b.row("predict", f"examples/s: distrain predict / plain Keras predict ({'Fashion-MNIST' if fashion else 'bundled digits'}"
+          " training images)", ratios(one, keras_), "", ">= 0.9",
           statistics.median(ratios(one, keras_)) >= 0.9)
     b.row("predict", "examples/s: 2 workers (multi_worker_mirrored) / one process, the tasks' start-up included",
           ratios(two, one))

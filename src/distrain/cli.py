@@ -108,6 +108,8 @@ def _help(root: DictConfig) -> str:
   distrain stacks RUN_DIR                         each task's Python stacks and step, in a running run
   distrain evaluate RUN_DIR [overrides]           a run's model on its test data, or on the data named
   distrain predict RUN_DIR [overrides] out=F.npz  its outputs for every example, in order (.csv, .tfrecord)
+                                                  (both: several RUN_DIRs or -m key=a,b, then a table;
+                                                  strategy=multi_worker_mirrored cluster.workers=N: on N)
   (In a checkout, `python train.py` is the same as `distrain`.)
 
 == Groups (group=option) ==
@@ -238,6 +240,17 @@ def _tool(command: str, run_dirs: list, flags: list, overrides: list) -> int:
     return tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
 
 
+def _command() -> tuple[str | None, list]:
+    """A command of its own (write-tfrecords, evaluate, predict), and the run directories evaluate and
+    predict take (several: a sweep's, multirun/DATE/TIME/*), taken off sys.argv."""
+    command = sys.argv.pop(1) if sys.argv[1:2] in (["write-tfrecords"], ["evaluate"], ["predict"]) else None
+    run_dirs = []
+    while command in ("evaluate", "predict") and sys.argv[1:2] and not sys.argv[1].startswith("-") and \
+            "=" not in sys.argv[1]:
+        run_dirs.append(sys.argv.pop(1))
+    return command, run_dirs
+
+
 def main() -> None:
     os.environ.setdefault(STARTED, str(time.time()))  # for results.json's seconds_to_first_step
     if os.getcwd() not in sys.path:  # a user's model or data module, as the tasks (python -m) import it
@@ -255,11 +268,7 @@ def main() -> None:
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     logging.raiseExceptions = False  # a log file that cannot be written (a full disk): no traceback per line
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    command = sys.argv.pop(1) if sys.argv[1:2] in (["write-tfrecords"], ["evaluate"], ["predict"]) else None
-    run_dirs = []  # (several: a sweep's, multirun/DATE/TIME/*)
-    while command in ("evaluate", "predict") and sys.argv[1:2] and not sys.argv[1].startswith("-") and \
-            "=" not in sys.argv[1]:
-        run_dirs.append(sys.argv.pop(1))
+    command, run_dirs = _command()
     flags, overrides = _flags_first(sys.argv[1:])
     sys.argv[1:] = flags + overrides
     OWN_DIRS[:] = _own_dirs(flags, overrides)

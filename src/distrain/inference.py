@@ -25,10 +25,10 @@ from .errors import ConfigError, print_error
 
 OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
 FORMATS = (".npz", ".csv", ".tfrecord")
-USAGE = {"evaluate": "distrain evaluate RUN_DIR [--config-dir DIR] [overrides, e.g. data=...] [checkpoint=latest|PATH] "
-                     "[name=NAME]",
-         "predict": "distrain predict RUN_DIR [--config-dir DIR] [overrides, e.g. data=...] out=PATH.npz|.csv|.tfrecord "
-                    "[checkpoint=latest|PATH] [overwrite=true]"}
+USAGE = {"evaluate": "distrain evaluate RUN_DIR [RUN_DIR ...] [-m] [--config-dir DIR] [overrides, e.g. data=...] "
+                     "[checkpoint=latest|PATH] [name=NAME] [part_size=N]",
+         "predict": "distrain predict RUN_DIR [RUN_DIR ...] [-m] [--config-dir DIR] [overrides, e.g. data=...] "
+                    "out=PATH.npz|.csv|.tfrecord [checkpoint=latest|PATH] [overwrite=true] [part_size=N]"}
 
 
 def main(command: str, argv: list, compose, help: bool = False, multirun: bool = False) -> int:
@@ -47,6 +47,8 @@ def main(command: str, argv: list, compose, help: bool = False, multirun: bool =
     options = dict(a.split("=", 1) for a in rest if a.split("=", 1)[0] in OPTIONS)
     overrides = [a for a in rest if a.split("=", 1)[0] not in OPTIONS]
     try:
+        if command == "predict":  # (before any job: each would say it)
+            _out(options, exists_ok=True)
         swept = sweep_overrides(overrides) if multirun else [overrides]
         if len(runs) > 1:  # (a shell's glob of a sweep's directory names its files too)
             runs = [run for run in runs if run.is_dir()]
@@ -134,14 +136,15 @@ def _cell(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def _out(options: dict) -> Path:
+def _out(options: dict, exists_ok: bool = False) -> Path:
+    """Where predict writes (checked; exists_ok: whether it may exist, not only with overwrite=true)."""
     if "out" not in options:
         raise ConfigError(f"predict needs out=PATH, where to write the predictions ({' or '.join(FORMATS)}): "
                           f"{USAGE['predict']}")
     out = Path(options["out"])
     if out.suffix not in FORMATS:
         raise ConfigError(f"out={out} is of no format predict writes: name a file ending in {' or '.join(FORMATS)}")
-    if out.exists() and options.get("overwrite", "false").lower() != "true":
+    if out.exists() and not exists_ok and options.get("overwrite", "false").lower() != "true":
         raise ConfigError(f"out={out} exists: name another file, or set overwrite=true")
     return out
 
