@@ -422,6 +422,7 @@ def test_the_catalogue_is_large_and_its_checks_can_fail(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["evaluate", "{dir}/nowhere"], "{dir}/nowhere holds no distrain run (no config.yaml)"),
     (["evaluate"], "evaluate needs a run directory first"),
+    (["evaluate", "{dir}", "{dir}/kept.csv"], "none of the 2 paths given holds a distrain run (a config.yaml)"),
     (["predict", "{dir}"], "predict needs out=PATH, where to write the predictions"),
     (["predict", "{dir}", "out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv or .tfrecord"),
     (["predict", "{dir}", "out={dir}/kept.csv"], "out={dir}/kept.csv exists: name another file, or set overwrite=true"),

@@ -274,23 +274,24 @@ def test_evaluate_under_parameter_servers_gives_keras_figures(trained, tmp_path)
 
 
 def test_several_runs_and_data_sets_make_a_job_each_and_end_with_a_table(trained, tmp_path, capsys):
-    """Two run directories (one holding no run: a failed job, the others go on) and -m over two .npz
-    files: a job each, their figures those of each evaluation alone, a table of them all, exit status 1;
-    predict -m over strategies (here, and 2 workers), its out numbered by job. What is not a directory (a sweep's summary.csv, by a glob) is passed over."""
+    """A sweep's directory by a glob (its runs, and what is no run: summary.csv, tensorboard/, passed over)
+    and -m over three .npz files, one missing (a failed job; the others go on): a job each, their figures
+    those of each evaluation alone, a table of them all, exit status 1; predict -m over strategies (here,
+    and 2 workers), its out numbered by job."""
     run, pixels, _, y = trained
     for name, n in (("a", 300), ("b", 500)):
         np.savez(tmp_path / f"{name}.npz", x_train=pixels[:n], y_train=y[:n], x_test=pixels[:n], y_test=y[:n])
     (tmp_path / "summary.csv").write_text("")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    args = [str(run), str(empty), str(tmp_path / "summary.csv"), "data=npz",
-            f"data.path={tmp_path / 'a.npz'},{tmp_path / 'b.npz'}", "name=swept"]
+    (tmp_path / "tensorboard").mkdir()
+    args = [str(run), str(tmp_path / "summary.csv"), str(tmp_path / "tensorboard"), "data=npz",
+            f"data.path={tmp_path / 'a.npz'},{tmp_path / 'b.npz'},{tmp_path / 'c.npz'}", "name=swept"]
     assert inference.main("evaluate", args, lambda overrides: make_cfg(*overrides), multirun=True) == 1
     said = capsys.readouterr()
+    assert f"passed over (no config.yaml: no run): {tmp_path / 'summary.csv'}, {tmp_path / 'tensorboard'}" in said.out
     table = said.out[said.out.index("#  run"):].splitlines()
-    assert len(table) == 5 and table[0].split()[:4] == ["#", "run", "data.path", "status"]
-    assert [line.split()[3] for line in table[1:]] == ["ok", "ok", "failed", "failed"]
-    assert said.err.count(f"{empty} holds no distrain run") == 2
+    assert len(table) == 4 and table[0].split()[:4] == ["#", "run", "data.path", "status"]
+    assert [line.split()[3] for line in table[1:]] == ["ok", "ok", "failed"]
+    assert said.err.count("error: ") == 1 and "c.npz" in said.err
     for job, n in ((1, 300), (2, 500)):
         found = json.loads((run / "evaluations" / ("swept.json" if job == 1 else "swept-2.json")).read_text())
         alone = plain_model(run).evaluate(pixels[:n] / 255.0, y[:n], batch_size=128, verbose=0)

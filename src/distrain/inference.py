@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from . import parts, schema, storage
 from .errors import ConfigError, print_error
+from .rundir import RunDir
 
 OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
 FORMATS = (".npz", ".csv", ".tfrecord")
@@ -50,8 +51,14 @@ def main(command: str, argv: list, compose, help: bool = False, multirun: bool =
         if command == "predict":  # (before any job: each would say it)
             _out(options, exists_ok=True)
         swept = sweep_overrides(overrides) if multirun else [overrides]
-        if len(runs) > 1:  # (a shell's glob of a sweep's directory names its files too)
-            runs = [run for run in runs if run.is_dir()]
+        if len(runs) > 1:  # (a shell's glob of a sweep's directory names its files and tensorboard/ too)
+            passed = [run for run in runs if not RunDir(run).config.is_file()]
+            runs = [run for run in runs if run not in passed]
+            if passed:
+                print(f"passed over (no config.yaml: no run): {', '.join(map(str, passed))}", flush=True)
+            if not runs:
+                raise ConfigError(f"none of the {len(passed)} paths given holds a distrain run (a config.yaml): give "
+                                  "runs' directories, e.g. multirun/DATE/TIME/*")
         jobs = [(run, job) for run in runs for job in swept]
         if len(jobs) == 1:
             return 0 if one(command, *jobs[0], options, compose) else 2
@@ -158,7 +165,6 @@ def settle(run_dir: Path, compose, overrides: list):
     a run would compose it), checked."""
     from .config import _keys, validate
     from .context import Topology
-    from .rundir import RunDir
 
     saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
@@ -189,7 +195,6 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     from .context import RunContext, Topology
     from .inputs import load_data
     from .model import compile_model
-    from .rundir import RunDir
     from .strategy import configure_devices, make_strategy
     from .training import build, set_precision
 
@@ -214,7 +219,6 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
 
 def check_fits(run_dir: Path, data) -> None:
     """The data's examples and classes against the trained model's (results.json's), both said."""
-    from .rundir import RunDir
 
     trained = RunDir(run_dir).read_results() or {}
     if trained.get("input_shape") and list(trained["input_shape"]) != list(data.shape):
@@ -231,7 +235,6 @@ def restore(model, run_dir: Path, cfg, checkpoint: str | None) -> str:
     import tensorflow as tf
     import tf_keras as keras
 
-    from .rundir import RunDir
 
     saved = run_dir / "saved_model"
     if checkpoint is None and saved.is_dir():

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import storage
 from .context import Topology
-from .errors import ConfigError
+from .errors import ConfigError, print_error
 from .forkserver import ForkServer
 from .launcher import scratch_dir
 from .protocol import error_line
@@ -34,7 +34,7 @@ from .supervisor import Outcome, TaskProcess, run_tasks
 
 log = logging.getLogger("distrain")
 
-PART_BATCHES = 16  # a part's batches by default: a restart redoes at most this much of a task's work
+PART_BATCHES = 16  # a part's batches at most by default: a restart redoes at most this much of a task's work
 
 
 def plan(examples: int, size: int) -> list[tuple[int, int]]:
@@ -105,7 +105,9 @@ class Cluster:
         """Every part computed by the tasks: ({index, outputs[, labels]} in order, the seconds they took)."""
         cfg, where = self.cfg, self.where
         batch = cfg.trainer.batch_size
-        size = -(-int(options.get("part_size") or PART_BATCHES * batch) // batch) * batch  # (whole batches)
+        # PART_BATCHES batches, or fewer where that gives each worker two parts at least; whole batches
+        size = int(options.get("part_size") or min(PART_BATCHES * batch, -(-data.test_examples // (2 * cfg.cluster.workers))))
+        size = -(-max(size, 1) // batch) * batch
         parts = plan(data.test_examples, size)
         directory = where / "parts"
         shutil.rmtree(directory, ignore_errors=True)
@@ -120,6 +122,9 @@ class Cluster:
         start = time.perf_counter()
         try:
             outcome = self._run([sys.executable, "-m", "distrain.inference_task", str(where.path)])
+            if outcome.status == "interrupted":  # (Ctrl-C, SIGTERM: the command ends, as a run does)
+                print_error(outcome.error)
+                raise SystemExit(outcome.code)
             if outcome.code:
                 raise ConfigError(outcome.error.removeprefix(error_line("")) or f"the cluster failed (exit status "
                                   f"{outcome.code}): its logs are in {where.logs}")
