@@ -4,7 +4,6 @@ ranges, options and the checks that relate them; a sweep's every combination), i
 docs run it from, with the config files and modules the docs lay out before it. Sybil reads the
 Markdown's code blocks, so a block that changes is the block tested. A command that cannot be checked
 here is listed in NOT_HERE, with the reason."""
-import itertools
 import os
 import re
 import shlex
@@ -12,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser
 
-from distrain import cli
+from distrain import cli, inference
 from distrain.config import check_objective, validate
 from distrain.errors import ConfigError
 from helpers import ROOT
@@ -92,14 +90,12 @@ def check(args: list, cwd: Path) -> str:
         overrides = [o for o in overrides if o.split("=", 1)[0] not in ("out", "shards", "encoding")]
     if {"--help", "-h", "--hydra-help"} & set(flags):
         return ""  # (test_cli: --help answers from the composed config)
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = [[o.input_line] if not o.is_sweep_override() else
-               [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in parsed]
+    combinations, _ = inference.sweep_overrides(overrides)  # (the jobs a sweep of them makes)
     old = os.getcwd()
     os.chdir(cwd)
     sys.path.insert(0, str(cwd))
     try:
-        for combination in itertools.product(*choices):
+        for combination in combinations:
             cfg = validate(cli._compose(flags, list(combination)))
             if {"-m", "--multirun"} & set(flags):
                 check_objective(cfg)

@@ -3,8 +3,9 @@
 Importing TensorFlow takes a task about 3.5 s of CPU before it does anything: a cluster of 4 tasks
 on 2 cores spends 7 s of its start-up there, and every restarted task again. The fork server
 imports it once per run, then forks a task in milliseconds: each child becomes the task process
-`python -m distrain.task CONFIG` (or the module it is given) would be (its own process group, environment, output pipe, cores), with
-a clean TensorFlow (no device, no server, no thread started before the fork).
+`python -m distrain.task CONFIG` (or the module it is given: distrain.inference_task) would be (its own
+process group, environment, output pipe, cores), with a clean TensorFlow (no device, no server, no
+thread started before the fork).
 
 Python's multiprocessing has a fork server too, but its children are not such processes (no session
 of their own, no normal interpreter exit, no output pipe, outside the cluster's network namespace);

@@ -50,7 +50,7 @@ def main(command: str, argv: list, compose, help: bool = False, multirun: bool =
     try:
         if command == "predict":  # (before any job: each would say it)
             _out(options, exists_ok=True)
-        swept = sweep_overrides(overrides) if multirun else [overrides]
+        swept, varied = sweep_overrides(overrides) if multirun else ([overrides], [])
         if len(runs) > 1:  # (a shell's glob of a sweep's directory names its files and tensorboard/ too)
             passed = [run for run in runs if not RunDir(run).config.is_file()]
             runs = [run for run in runs if run not in passed]
@@ -65,7 +65,7 @@ def main(command: str, argv: list, compose, help: bool = False, multirun: bool =
     except ConfigError as exc:
         print_error(str(exc))
         return 2
-    return several(command, jobs, options, compose, varied=[_key(o) for o in overrides if "," in o])
+    return several(command, jobs, options, compose, varied)
 
 
 def one(command: str, run_dir: Path, overrides: list, options: dict, compose) -> dict:
@@ -86,18 +86,16 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
         return {}
 
 
-def sweep_overrides(overrides: list) -> list[list]:
-    """Each combination of the overrides' a,b values (as Hydra's basic sweeper makes its jobs)."""
+def sweep_overrides(overrides: list) -> tuple[list[list], list]:
+    """(Each combination of the overrides' a,b values, as Hydra's basic sweeper makes its jobs; the keys
+    they vary.)"""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     choices = [list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.input_line] for o in parsed]
-    return [[f"{o.get_key_element()}={v}" if o.is_sweep_override() else v for o, v in zip(parsed, values)]
+    jobs = [[f"{o.get_key_element()}={v}" if o.is_sweep_override() else v for o, v in zip(parsed, values)]
             for values in itertools.product(*choices)]
-
-
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
+    return jobs, [o.key_or_group for o in parsed if o.is_sweep_override()]
 
 
 def several(command: str, jobs: list, options: dict, compose, varied: list) -> int:
@@ -105,9 +103,11 @@ def several(command: str, jobs: list, options: dict, compose, varied: list) -> i
     if any failed. predict's out=NAME.EXT becomes NAME-<job>.EXT for each."""
     import tf_keras as keras
 
+    from .sweep import split_override
+
     rows = []
     for n, (run, overrides) in enumerate(jobs):
-        values = dict(o.split("=", 1) for o in overrides if _key(o) in varied)
+        values = {k: v for k, v in map(split_override, overrides) if k in varied}
         print(f"[#{n}] {command} {run} {' '.join(overrides)}".rstrip(), flush=True)
         mine = {**options, "out": _numbered(options["out"], n)} if "out" in options else options
         try:
@@ -157,7 +157,9 @@ def _out(options: dict, exists_ok: bool = False) -> Path:
 
 
 def _data_changed(overrides: list) -> bool:
-    return any(o.lstrip("+~").split("=", 1)[0].split(".")[0] == "data" for o in overrides)
+    from .config import _keys
+
+    return any(key.split(".")[0] == "data" for key in _keys(overrides))
 
 
 def settle(run_dir: Path, compose, overrides: list):

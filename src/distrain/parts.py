@@ -12,7 +12,6 @@ its worker is lost, and the coordinator places each result by its batch)."""
 import contextlib
 import io
 import json
-import logging
 import shutil
 import sys
 import time
@@ -31,8 +30,6 @@ from .protocol import error_line
 from .restarts import Restarts
 from .rundir import RunDir
 from .supervisor import Outcome, TaskProcess, run_tasks
-
-log = logging.getLogger("distrain")
 
 PART_BATCHES = 16  # a part's batches at most by default: a restart redoes at most this much of a task's work
 

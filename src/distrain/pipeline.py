@@ -82,6 +82,16 @@ def _finish(ds: tf.data.Dataset, training: bool) -> tf.data.Dataset:
     return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+def _indices(ranges: list) -> np.ndarray:
+    """The examples of the ranges [(start, stop), ...], in order."""
+    return np.concatenate([np.arange(a, b) for a, b in ranges])
+
+
+def _numbered_records(f) -> tf.data.Dataset:
+    """A TFRecord file's records, each as (the file, its index in the file, the serialized record)."""
+    return tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))
+
+
 class ArraySource:
     """Arrays in memory (data.load()), each batch gathered and normalised from them by index. Under
     parameter servers a worker reads them itself where they are `files` (cfg.data where it is IDX
@@ -92,7 +102,7 @@ class ArraySource:
         self.files, self.expect = files, expect  # (held for the run: `files` may own them, TemporaryIdx)
 
     def test(self, cfg, ranges: list | None = None) -> tf.data.Dataset:
-        take = np.concatenate([np.arange(a, b) for a, b in ranges]) if ranges else slice(None)
+        take = _indices(ranges) if ranges else slice(None)
         return make_dataset(self.images[take], self.labels[take], cfg.trainer.batch_size, seed=cfg.trainer.seed)
 
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
@@ -140,7 +150,7 @@ class FileSource:
         if not ranges:
             ds = self._records(found.test_files, found.test_labels, in_order=True)
         elif found.kind == "images":  # (a file per example)
-            take = np.concatenate([np.arange(a, b) for a, b in ranges])
+            take = _indices(ranges)
             ds = self._records([found.test_files[i] for i in take], [found.test_labels[i] for i in take], in_order=True)
         else:  # each range's stretch of each file it spans, from the record counts of the file headers
             ends = files.record_ends(tuple(found.test_files))
@@ -148,9 +158,8 @@ class FileSource:
             stretches = [(f, max(a - s, 0), min(b, e) - max(a, s)) for a, b in ranges
                          for f, s, e in zip(found.test_files, starts, ends) if s < b and e > a]
             names, firsts, counts = zip(*stretches)
-            ds = tf.data.Dataset.from_tensor_slices((list(names), np.int64(firsts), np.int64(counts))).flat_map(unconverted(
-                lambda f, first, n: tf.data.TFRecordDataset(f).enumerate().skip(first).take(n).map(
-                    lambda i, r: (f, i, r))))
+            ds = tf.data.Dataset.from_tensor_slices((list(names), np.int64(firsts), np.int64(counts))).flat_map(
+                unconverted(lambda f, first, n: _numbered_records(f).skip(first).take(n)))
         return ds.batch(cfg.trainer.batch_size).map(self._decode, num_parallel_calls=tf.data.AUTOTUNE)
 
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
@@ -231,7 +240,7 @@ class FileSource:
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         if images:
             return ds
-        return ds.interleave(unconverted(lambda f: tf.data.TFRecordDataset(f).enumerate().map(lambda i, r: (f, i, r))),
+        return ds.interleave(unconverted(_numbered_records),
                              cycle_length=1 if in_order else min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
 

@@ -64,7 +64,7 @@ def tensorflow_lines_to(out: Path, name: str = "write-tfrecords.log"):
     """TensorFlow's own lines (its C++ start-up: oneDNN, CUDA probes) into OUT/<name>, not
     the terminal, as a run keeps them in its logs/; this command's lines, Python's, still reach stderr.
     Where nothing was written (bad input), the log goes too."""
-    log = tempfile.NamedTemporaryFile(prefix="write-tfrecords-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile(prefix=f"{Path(name).stem}-", suffix=".log", delete=False)
     terminal, python_stderr = os.dup(2), sys.stderr
     os.dup2(log.fileno(), 2)
     sys.stderr = os.fdopen(os.dup(terminal), "w", buffering=1)
