@@ -89,6 +89,8 @@ CASES = [
     ("evaluator-text", ["cluster.evaluator=please"], "cluster.evaluator=please must be true or false"),
     ("schedule-text", [*PS, "strategy.steps_per_schedule=x"], "strategy.steps_per_schedule=x must be an integer"),
     ("shard-text", [*PS, "strategy.min_shard_bytes=x"], "strategy.min_shard_bytes=x must be an integer"),
+    ("shard-16-bits", [*PS, "strategy.variable_partitioner=true", "trainer.mixed_precision=true"],
+     "trainer.mixed_precision=true cannot work with strategy.variable_partitioner=true"),
     ("partitioner-text", [*PS, "strategy.variable_partitioner=x"], "strategy.variable_partitioner=x must be"),
     ("virtual-text", ["strategy=mirrored", "strategy.cpu_virtual_devices=two"], "strategy.cpu_virtual_devices=two"),
     ("devices-string", ["strategy=mirrored", "strategy.devices=/cpu:0"],

@@ -8,6 +8,7 @@ from distrain import cpu as cpu_lib
 from distrain import strategy as strategy_lib
 from distrain.config import check_devices_present
 from distrain.errors import ConfigError
+from distrain.config import UNSHARDABLE
 from distrain.strategy import compute_devices, configure_devices, precision_policy
 
 GPU_BOX = ["/cpu:0", "/gpu:0", "/gpu:1"]
@@ -31,6 +32,14 @@ def test_precision_follows_the_hardware(setting, gpus, cpu, policy):
     chosen, why = precision_policy(setting, gpus, cpu)
     assert chosen == policy
     assert why.startswith("trainer.mixed_precision=")
+
+
+def test_sharded_variables_train_in_float32_where_auto_would_pick_16_bits():
+    """Keras cannot autocast a variable strategy.variable_partitioner shards (true is refused up front)."""
+    assert precision_policy("auto", [], {"avx512_bf16"}, sharded=True) == ("float32", f"trainer.mixed_precision=auto: "
+                                                                           f"{UNSHARDABLE}")
+    assert precision_policy("auto", [(8, 0)], set(), sharded=True)[0] == "float32"
+    assert precision_policy("auto", [], {"avx512_bf16"}, sharded=False)[0] == "mixed_bfloat16"  # the control
 
 
 def test_this_machine_is_read():

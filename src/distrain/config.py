@@ -86,9 +86,17 @@ def check_data(cfg) -> None:
                           "set trainer.validate_every=1 (or every N epochs), or drop data.validation_split")
 
 
+# Keras wraps a variable in an AutoCastVariable under mixed precision, which takes no ShardedVariable.
+UNSHARDABLE = "Keras's mixed precision cannot cast the variables strategy.variable_partitioner shards"
+
+
 def check_trainer(cfg) -> None:
-    """The schedule's warm-up, a model to go on training and the checkpoints' directory."""
+    """The schedule's warm-up, a model to go on training, the checkpoints' directory, the precision."""
     t = cfg.trainer
+    if t.mixed_precision is True and cfg.strategy.get("variable_partitioner"):
+        raise ConfigError(f"trainer.mixed_precision=true cannot work with strategy.variable_partitioner=true "
+                          f"({UNSHARDABLE}): set trainer.mixed_precision=auto (float32 then), or "
+                          "strategy.variable_partitioner=false")
     if cfg.schedule.warmup_steps and cfg.schedule.warmup_epochs:
         raise ConfigError(f"schedule.warmup_steps={cfg.schedule.warmup_steps} and schedule.warmup_epochs="
                           f"{cfg.schedule.warmup_epochs} are both set: set one of them, the other 0")

@@ -16,7 +16,7 @@ def evaluate_checkpoints(cfg, context: RunContext) -> dict:
     callback stopped training at), with the model and data the training builds."""
     t, run = cfg.trainer, context.run
     data = load_data(cfg, context)
-    model, optimizer, probabilities, _ = build(cfg, data, set_precision(t))
+    model, optimizer, probabilities, _ = build(cfg, data, set_precision(cfg))
     compile_model(model, optimizer, cfg, probabilities)
     test_ds = data.reader(cfg, training=False)()
     directory = run.checkpoints

@@ -7,10 +7,15 @@ imports it once per run, then forks a task in milliseconds: each child becomes t
 process group, environment, output pipe, cores), with a clean TensorFlow (no device, no server, no
 thread started before the fork).
 
+A process that runs several one-task runs in turn (a sweep's jobs under the basic launcher, a script
+calling distrain) keeps one server for all of them (`shared`): the first run's task imports TensorFlow,
+the next ones start in about a second.
+
 Python's multiprocessing has a fork server too, but its children are not such processes (no session
 of their own, no normal interpreter exit, no output pipe, outside the cluster's network namespace);
 this one runs inside the namespace, so its children are too.
 """
+import atexit
 import json
 import os
 import select
@@ -18,12 +23,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 from .process import die_with_parent, exit_now
 
 READY_TIMEOUT = 60.0  # seconds for the server's imports, however loaded the machine
+_SHARED: dict = {}  # (module, what TensorFlow reads as it is imported) -> the server kept for the next run
 
 
 class ForkServer:
@@ -88,12 +95,14 @@ class ForkServer:
                 self.reason = f"not ready within {READY_TIMEOUT:g} s"
             return self.available
 
-    def spawn(self, env: dict, cores=None) -> "Child":
-        """A task process of the run, with this environment (the whole of it) and CPU affinity."""
+    def spawn(self, env: dict, cores=None, config: Path | None = None) -> "Child":
+        """A task process of the run (of `config`, else the server's), with this environment (the whole
+        of it), CPU affinity and this process's working directory."""
         if not self.wait_ready():
             raise OSError(f"no fork server: {self.reason}")
         out, theirs = os.pipe()
-        request = {"env": env, "cores": sorted(cores) if cores else None}
+        request = {"env": env, "cores": sorted(cores) if cores else None, "cwd": os.getcwd(),
+                   "config": str(config or self.config_path)}
         try:
             with self._lock:
                 socket.send_fds(self._sock, [json.dumps(request).encode()], [theirs])
@@ -126,6 +135,26 @@ class ForkServer:
                 self.proc.kill()
                 self.proc.wait()
         self._reader.join(timeout=5)
+
+
+def shared(module: str, imported_with: dict, log_path: Path) -> ForkServer:
+    """The server of this process for one-task runs of `module`, started by the first, kept for the next
+    (until this process exits) while the environment TensorFlow reads as it is imported (`imported_with`,
+    e.g. TF_ENABLE_ONEDNN_OPTS) stays the same. The server's output goes to the first run's log_path."""
+    key = (module, tuple(sorted(imported_with.items())))
+    server = _SHARED.get(key)
+    if server is None or server.reason:  # (one that died is replaced)
+        if server is not None:
+            server.__exit__()
+        server = _SHARED[key] = ForkServer("(shared)", log_path, module=module).__enter__()
+        if len(_SHARED) == 1:
+            atexit.register(_close_shared)
+    return server
+
+
+def _close_shared() -> None:
+    while _SHARED:
+        _SHARED.popitem()[1].__exit__()
 
 
 class Child:
@@ -193,9 +222,14 @@ def _own_group(pid: int) -> None:
         pass
 
 
-def become_task(config: str, module: str, request: dict, out: int) -> int:
-    """In a forked child: turn into the task process the launcher asked for (`python -m MODULE CONFIG`),
-    and run it."""
+def become_task(module: str, request: dict, out: int) -> int:
+    """In a forked child: turn into the task process the launcher asked for (`python -m MODULE CONFIG`,
+    run from the launcher's directory), and run it."""
+    import setproctitle
+
+    # What `ps` and `pgrep -f CONFIG` show, as for a task started by exec (before the environment changes:
+    # setproctitle moves it out of the way of the longer command line).
+    setproctitle.setproctitle(f"{sys.executable} -m {module} {request['config']}")
     _own_group(0)  # the launcher signals the task as a whole (the server has no terminal to share)
     die_with_parent()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -204,13 +238,16 @@ def become_task(config: str, module: str, request: dict, out: int) -> int:
     os.close(out)
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # (TMPDIR is the run's: read again)
+    os.chdir(request["cwd"])
+    sys.path[0] = request["cwd"]  # what `python -m` puts first: the user's modules are found there
     if request["cores"]:
         os.sched_setaffinity(0, request["cores"])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import importlib
 
-    return importlib.import_module(module).main([config])
+    return importlib.import_module(module).main([request["config"]])
 
 
 if __name__ == "__main__":
@@ -218,4 +255,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before a task can answer it (stacks.py)
     # Its command line names the run's config, as each task's does (`ps` tells the runs apart).
     forked = serve(int(sys.argv[2]))
-    exit_now(become_task(sys.argv[1], sys.argv[3], *forked) if forked else 0)  # the server too: it has nothing to save
+    exit_now(become_task(sys.argv[3], *forked) if forked else 0)  # the server too: it has nothing to save

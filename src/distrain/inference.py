@@ -208,7 +208,7 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     cfg.data.source = source
     # The run's data.json holds its own data files; other data is scanned here (a directory with none).
     where = where or RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
-    policy = set_precision(cfg.trainer)
+    policy = set_precision(cfg)
     keras.utils.set_random_seed(cfg.trainer.seed)
     data = load_data(cfg, RunContext.of(where, cfg).know_strategy(strategy))
     check_fits(run_dir, data)

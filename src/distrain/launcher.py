@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import cpu, data, report, schema, storage
+from . import cpu, data, forkserver, report, schema, storage
 from .config import check_objective, check_same_run, resumed, validate
 from .context import Topology
 from .errors import ConfigError, print_error
@@ -133,9 +133,12 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(run.config)]
 
-    with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir():  # (read by TensorFlow as each task starts)
-        if not topology.clustered:
-            return _finish(run_tasks([TaskProcess("train", argv)], run, job=job), run, config, job, overrides)
+    onednn = cpu.onednn_env(cfg.trainer.onednn)
+    with environment(onednn), scratch_dir():  # (read by TensorFlow as each task starts)
+        if not topology.clustered:  # (forked from this process's server: the next run starts sooner)
+            forks = forkserver.shared("distrain.task", onednn, run.log("forkserver"))
+            return _finish(run_tasks([TaskProcess("train", argv, forks=forks)], run, job=job), run, config, job,
+                           overrides)
         if topology.local:
             return _finish(run_local_cluster(cfg, run, argv, job), run, config, job, overrides)
         # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.

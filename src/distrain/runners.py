@@ -297,7 +297,7 @@ class AsyncEpochs:
         self.heartbeat.stop()
         self.position.done()
         local, optimizer = rebuild()
-        local.set_weights(model.get_weights())
+        local.set_weights(whole_weights(model))
         return local, optimizer
 
     def describe(self, batch_size: int) -> dict:
@@ -309,6 +309,21 @@ class AsyncEpochs:
                 "seconds_to_first_step": seconds_since_start(self.first_step_at),
                 "worker_steps": {str(i): n for i, n in enumerate(self.worker_steps)}}
 
+
+
+def whole_weights(model) -> list:
+    """model.get_weights(), with each variable that strategy.variable_partitioner sharded over the ps
+    tasks whole again (Keras lists its shards apart): what a copy built without the partitioner takes."""
+    values, seen = [], set()
+    for variable in model.weights:
+        container = getattr(variable, "_sharded_container", None)  # (set on each shard by TensorFlow)
+        sharded = container() if container else None
+        if sharded is None:
+            values.append(variable.numpy())
+        elif id(sharded) not in seen:
+            seen.add(id(sharded))
+            values.append(tf.concat([shard.read_value() for shard in sharded.variables], axis=0).numpy())
+    return values
 
 
 def placement_table(variables, num_ps: int) -> str:

@@ -2,7 +2,7 @@
 import tensorflow as tf
 
 from . import cpu as cpu_lib
-from .config import missing_device
+from .config import UNSHARDABLE, missing_device
 from .errors import ConfigError
 from .schema import MWMS, PS, StrategyName
 
@@ -53,14 +53,18 @@ def compute_devices(strategy_cfg, have: list[str] | None = None) -> list[str]:
     return [d for d in have if d.startswith(kind)] or ["/cpu:0"]
 
 
-def precision_policy(setting, gpus: list[tuple] | None = None, cpu: set[str] | None = None) -> tuple[str, str]:
+def precision_policy(setting, gpus: list[tuple] | None = None, cpu: set[str] | None = None,
+                     sharded: bool = False) -> tuple[str, str]:
     """The Keras dtype policy for trainer.mixed_precision (false, true or auto), and why.
     gpus: each GPU's compute capability, e.g. (8, 0); cpu: the CPU's feature flags. By default this
-    machine's; a test passes its own."""
+    machine's; a test passes its own. sharded: strategy.variable_partitioner is on (true is refused
+    then, config.check_trainer)."""
     gpus = gpu_capabilities() if gpus is None else gpus
     cpu = cpu_lib.flags() if cpu is None else cpu
     if setting is False:
         return "float32", "trainer.mixed_precision=false"
+    if sharded:
+        return "float32", f"trainer.mixed_precision=auto: {UNSHARDABLE}"
     if gpus:  # float16 needs loss scaling; tensor cores (compute capability 7.0 and up) make it fast
         if setting is True or min(gpus) >= (7, 0):
             return "mixed_float16", f"trainer.mixed_precision={str(setting).lower()}, GPUs of compute capability " \

@@ -22,15 +22,16 @@ from .worker_files import train_file_hashes
 from .process import Preempted, Preemption, scratch
 from .profiling import Profile
 from .rundir import RunDir
-from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps
+from .runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps, whole_weights
 from .strategy import configure_devices, gpu_capabilities, gpu_peak_mib, make_strategy, precision_policy
 from .timesplit import probe_seconds, read_alone
 
 
-def set_precision(t, announce: bool = False) -> str:
-    """Sets Keras's dtype policy for t.mixed_precision on this machine's devices and returns it;
-    `announce` says which and why, and on a CPU what t.jit_compile costs."""
-    policy, why = precision_policy(t.mixed_precision)
+def set_precision(cfg, announce: bool = False) -> str:
+    """Sets Keras's dtype policy for trainer.mixed_precision on this machine's devices and returns it;
+    `announce` says which and why, and on a CPU what trainer.jit_compile costs."""
+    t = cfg.trainer
+    policy, why = precision_policy(t.mixed_precision, sharded=bool(cfg.strategy.get("variable_partitioner")))
     keras.mixed_precision.set_global_policy(policy)
     if announce:
         print(f"precision: {policy} ({why})", flush=True)
@@ -54,7 +55,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         strategy = make_strategy(cfg.strategy)
     context = context or RunContext.of(RunDir(run_dir, cfg), cfg).know_strategy(strategy)
     t, chief, run = cfg.trainer, context.chief, context.run
-    policy = set_precision(t, announce=bool(t.verbose) and chief)
+    policy = set_precision(cfg, announce=bool(t.verbose) and chief)
     keras.utils.set_random_seed(t.seed)
     data = load_data(cfg, context)
     with strategy.scope():
@@ -266,7 +267,7 @@ def make_validate(cfg, data, model, topology, rebuild, probabilities: bool):
     compile_model(local, optimizer, cfg, probabilities)
 
     def on_a_copy():
-        local.set_weights(model.get_weights())
+        local.set_weights(whole_weights(model))
         return evaluate(local, test, steps)
     return on_a_copy
 

@@ -1,0 +1,263 @@
+"""The docs' commands, run: every command of README.md, docs/*.md and the examples' READMEs is run as
+the reader runs it, in the document's order, from the directory the document runs it from, with
+the files its other blocks lay out (test_docs composes and checks each one; this runs them). What
+each says it does is checked: its exit status, the files it leaves, the line it prints, and the
+figures of the examples' tables within their stated range.
+
+Trainings run short: the test adds epochs of 2 steps, 3 epochs (4 at most where the command names more), a run
+directory of its own where the command names none, and nothing else. The reader's own files that
+the docs name without showing (mydata.npz, rows.npz, an image folder) are made here, small. A
+command not run is in NOT_RUN (or test_docs.NOT_HERE), matched on its text, with the reason.
+
+One-process runs fork their task from the launcher's fork server, which this process keeps from one
+command to the next, as a sweep's jobs do (forkserver.shared): a run takes about 1.5 s, not 5."""
+import contextlib
+import glob
+import json
+import logging
+import logging.config
+import re
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sybil import Sybil
+from sybil.parsers.markdown import CodeBlockParser
+
+from distrain import cli, tfrecords
+from helpers import ROOT
+from test_docs import DOCS, NOT_HERE, READERS_MODULES, commands, distrain_args, lay_out
+
+pytestmark = pytest.mark.slow
+
+# Commands composed and checked (test_docs) but not run here, and why: what they hold.
+NOT_RUN = {
+    "cluster=tf_config": "its tasks are on other machines (test_cluster runs TF_CONFIG clusters on loopback)",
+    "cluster=manual": "its tasks are on other machines (test_cluster runs manual clusters on loopback)",
+    "cluster=slurm": "needs a Slurm allocation (test_slurm runs it on a local Slurm)",
+    "data.source=keras": "downloads MNIST; tests never use the network",
+    "/gpu:": "names a GPU, which no machine of this project has",
+    "RUN_DIR": "a usage line",
+    "...": "a fragment: the reader's data and model go where the dots are",
+}
+# What the test adds to a training: epochs of 2 steps, 3 of them (at most 4 where the command
+# names more: a resume that trains longer still does), and a run directory of its own where the
+# command names none.
+STEPS = "trainer.steps_per_epoch=2"
+# The directories the docs name for the reader's last run and sweep (test_docs.NEEDS_ELSEWHERE):
+# here the last the document's commands made.
+LAST_RUN, LAST_SWEEP = "outputs/DATE/TIME", "multirun/DATE/TIME"
+
+
+def readers_files(where: Path) -> None:
+    """The reader's own data the docs name without showing it, small: MNIST-like images in an .npz
+    (mydata.npz), rows of features with a value each (rows.npz), an image folder by class (data/flowers)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    with np.load(ROOT / "src" / "distrain" / "data" / "mnist-10k.npz") as bundled:
+        rows = rng.permutation(len(bundled["labels"]))[:640]  # (the file is in label order)
+        x, y = bundled["images"][rows], bundled["labels"][rows]
+    np.savez(where / "mydata.npz", x_train=x[:512], y_train=y[:512], x_test=x[512:], y_test=y[512:])
+    features = rng.normal(size=(640, 8)).astype("float32")
+    values = features @ rng.normal(size=8).astype("float32")
+    np.savez(where / "rows.npz", x_train=features[:512], y_train=values[:512], x_test=features[512:],
+             y_test=values[512:])
+    for split, rows in (("train", slice(0, 512)), ("test", slice(512, 640))):  # other data, as TFRecord shards
+        tfrecords.write(x[rows, ..., None], y[rows], where / "new", split, 2)
+    for split, count in (("train", 12), ("test", 4)):
+        for name in ("daisy", "tulips"):
+            folder = where / "data" / "flowers" / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (72, 80, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+@contextlib.contextmanager
+def as_the_reader(monkeypatch, cwd: Path, argv: list):
+    """`distrain ARGV` in this process as from a shell in cwd: sys.argv, the directory, the environment
+    main() sets, and the logging Hydra configures for the run, each as it was after."""
+    root, loggers = logging.getLogger(), dict(logging.Logger.manager.loggerDict)
+    saved = (root.level, list(root.handlers), {name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
+                                               for name, lg in loggers.items() if isinstance(lg, logging.Logger)})
+    with monkeypatch.context() as m:
+        # Hydra's logging set-up closes every handler there is (logging.config's way): in a process of the
+        # user's, none; in this one, pytest's and absl's (the latter closing pytest's capture of stderr).
+        # Those stay open here; the run's own are closed after it.
+        m.setattr(logging.config, "_clearExistingHandlers", logging._handlers.clear)
+        m.chdir(cwd)
+        m.setattr(sys, "argv", ["distrain", *argv])
+        m.setattr(sys, "path", list(sys.path))
+        m.setattr(cli, "OWN_DIRS", [])
+        for name in ("HYDRA_FULL_ERROR", "DISTRAIN_STARTED"):
+            m.delenv(name, raising=False)
+        try:
+            yield
+        finally:
+            before = {id(h) for h in saved[1]} | {id(h) for _, hs, _, _ in saved[2].values() for h in hs}
+            for lg in [root, *logging.Logger.manager.loggerDict.values()]:
+                for handler in getattr(lg, "handlers", []):
+                    if id(handler) not in before:
+                        handler.close()
+            root.setLevel(saved[0])
+            root.handlers[:] = saved[1]
+            for name, lg in list(logging.Logger.manager.loggerDict.items()):
+                if isinstance(lg, logging.Logger):  # (one the run made: as a new logger is)
+                    level, handlers, propagate, disabled = saved[2].get(name, (logging.NOTSET, [], True, False))
+                    lg.level, lg.handlers[:], lg.propagate, lg.disabled = level, handlers, propagate, disabled
+
+
+# Each command run (in its directory relative to the reader's project): where, and the run and sweep
+# directories it made. A document that holds it too (docs/clusters.md repeats the README's) reuses those.
+ALREADY: dict = {}
+
+
+def expand(word: str, cwd: Path) -> list:
+    """A shell word's paths, as the reader's shell expands a pattern that matches (else the word)."""
+    found = sorted(glob.glob(word, root_dir=cwd)) if glob.has_magic(word) else []
+    return found or [word]
+
+
+class Reader:
+    """A reader going through one document: runs its commands in order, each in-process, and says
+    what did not hold."""
+
+    def __init__(self, doc: str, home: Path, project: Path, monkeypatch, capfd):
+        self.doc, self.home, self.project, self.monkeypatch, self.capfd = doc, home, project, monkeypatch, capfd
+        self.runs, self.sweeps, self.problems, self.ran, self.not_run = [], [], [], [], []
+
+    def shell(self, example) -> None:
+        cwd = self.home
+        for words in commands(example.parsed):
+            line = " ".join(words)
+            words = [w for word in map(self.substitute, words) for w in expand(word, cwd)]
+            if words[0] == "cd":
+                cwd = cwd / words[1]
+                continue
+            args = distrain_args(words)
+            why = next((why for marker, why in NOT_RUN.items() if marker in line), None)
+            if args is None or why:
+                self.not_run.append((example.line, line, why or NOT_HERE.get(words[0], "not distrain's")))
+                continue
+            key = (str(cwd.relative_to(self.project)), line)
+            if key in ALREADY:  # (the same command in the same directory, in a document run before)
+                where, runs, sweeps = ALREADY[key]
+                self.runs += runs
+                self.sweeps += sweeps
+                self.not_run.append((example.line, line, f"the same command as {where}, run there"))
+                continue
+            started, made = time.monotonic(), (len(self.runs), len(self.sweeps))
+            said = self.run(args, cwd)
+            self.ran.append((example.line, f"{line} ({time.monotonic() - started:.1f} s)"))
+            if said:
+                self.problems.append(f"{self.doc}:{example.line}: {line}\n    {said}")
+            else:
+                ALREADY[key] = (f"{self.doc}:{example.line}", self.runs[made[0]:], self.sweeps[made[1]:])
+
+    def transcript(self, example) -> None:
+        """`$ command`, then the error line it prints: run, the line and exit status 2 checked."""
+        for command, said in re.findall(r"^\$ (.+)\n((?:(?!\$ ).*\n?)*)", example.parsed, re.M):
+            expected = [line for line in said.splitlines() if line.startswith("error: ")][0]
+            code, out, err = self.main(distrain_args(shlex.split(command, comments=True)), self.home)
+            pattern = ".*".join(map(re.escape, expected.split("...")))
+            self.ran.append((example.line, command))
+            if code != 2 or not re.fullmatch(pattern, err.strip()):
+                self.problems.append(f"{self.doc}:{example.line}: {command}\n    exit {code}, said {err.strip()!r}, "
+                                     f"not {expected!r}")
+
+    def main(self, args: list, cwd: Path) -> tuple[int, str, str]:
+        with as_the_reader(self.monkeypatch, cwd, args):
+            try:
+                cli.main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out = self.capfd.readouterr()
+        return code, out.out, out.err
+
+    def substitute(self, word: str) -> str:
+        """The reader's last run and sweep where the docs name them."""
+        word = word.replace(LAST_RUN, str(self.runs[-1])) if self.runs else word
+        return word.replace(LAST_SWEEP, str(self.sweeps[-1])) if self.sweeps else word
+
+    def run(self, args: list, cwd: Path) -> str:
+        """Run one command, shortened; what did not hold ("" if all did)."""
+        command = args[0] if args and args[0] in ("write-tfrecords", "evaluate", "predict", "summarize") else None
+        flags, overrides = cli._flags_first(args[1:] if command else args)
+        sweep = bool({"-m", "--multirun"} & set(flags))
+        if {"--help", "-h", "--cfg", "-c"} & set(flags):
+            code, out, err = self.main(args, cwd)
+            shown = "trainer.epochs" in out or "trainer:\n  epochs:" in out
+            return "" if code == 0 and shown else f"exit {code}, printed {out[-300:]!r} {err[-300:]!r}"
+        if command is None:  # a training: short
+            epochs = [int(o.split("=")[1]) for o in overrides if o.startswith("trainer.epochs=")]
+            args = [*args, STEPS, f"trainer.epochs={min(epochs[-1], 4) if epochs else 3}"]
+            named = [o for o in overrides if o.startswith("hydra.sweep.dir=" if sweep else "hydra.run.dir=")]
+            where = cwd / (named[-1].split("=", 1)[1] if named else
+                           f"{'multirun/sweep' if sweep else 'outputs/run'}-{len(self.sweeps if sweep else self.runs)}")
+            if not named:
+                args.append(f"hydra.{'sweep' if sweep else 'run'}.dir={where.relative_to(cwd)}")
+            (self.sweeps if sweep else self.runs).append(where)
+        code, out, err = self.main(args, cwd)
+        if code != 0:
+            return f"exit {code}: {(err or out).strip().splitlines()[-3:]}"
+        if command is None:
+            return self.check_sweep(where) if sweep else self.check_run(where, out)
+        return ""
+
+    def check_run(self, run_dir: Path, out: str) -> str:
+        status = json.loads((run_dir / "status.json").read_text())
+        missing = [name for name in RUN_LEAVES if not (run_dir / name).exists()]
+        if status["status"] != "ok" or missing or "Test " not in out:
+            return f"status {status['status']}, missing {missing}"
+        return ""
+
+    def check_sweep(self, sweep_dir: Path) -> str:
+        jobs = [json.loads(p.read_text())["status"] for p in sorted(sweep_dir.glob("*/status.json"))]
+        missing = [name for name in SWEEP_LEAVES if not (sweep_dir / name).exists()]
+        return "" if jobs and set(jobs) == {"ok"} and not missing else f"jobs {jobs}, missing {missing}"
+
+
+def _named(doc: str, start: str, end: str) -> list:
+    """The file names (`name.ext`, `dir/`) a sentence of a document gives, from `start` to `end`."""
+    text = " ".join((ROOT / doc).read_text().split())
+    return re.findall(r"`([\w.-]+(?:\.\w+|/))`", text[text.index(start):text.index(end, text.index(start))])
+
+
+# What the README says a run and a sweep leave (a name it adds or drops there changes the check).
+RUN_LEAVES = _named("README.md", "runs in `outputs/DATE/TIME/`", "and for local clusters")
+SWEEP_LEAVES = _named("README.md", "the sweep directory holds", "the table is printed")
+
+
+def reader_home(tmp_path: Path, doc: str) -> Path:
+    """The reader's directory for doc: a project of their own with their data (README.md, docs/), or a
+    copy of the example's directory (its README runs from there). The examples are in the project too."""
+    home = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", home / "examples", ignore=shutil.ignore_patterns("outputs", "multirun"))
+    readers_files(home)
+    for module in READERS_MODULES:  # (what the docs show of them, their blocks lay out over these)
+        (home / f"{module}.py").write_text("")
+    return home / Path(doc).parent if doc.startswith("examples/") else home
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    home = reader_home(tmp_path, doc)
+    reader = Reader(doc, home, tmp_path / "project", monkeypatch, capfd)
+    files = lambda example: lay_out(example.parsed, home)  # noqa: E731
+    sybil = Sybil(parsers=[CodeBlockParser("bash", reader.shell), CodeBlockParser("console", reader.transcript),
+                           CodeBlockParser("yaml", files), CodeBlockParser("python", files)],
+                  path=str((ROOT / doc).parent), patterns=[Path(doc).name])
+    for example in sybil.parse(ROOT / doc):
+        example.evaluate()
+    print(f"{doc}: {len(reader.ran)} run:", *(f"  {line}: {command}" for line, command in reader.ran), sep="\n")
+    print(f"{len(reader.not_run)} not run:",
+          *(f"  {line}: {command} ({why})" for line, command, why in reader.not_run), sep="\n")
+    assert not reader.problems, "\n".join(reader.problems)
+    if doc in ("README.md", "docs/configuration.md"):
+        assert len(reader.ran) >= 20  # the docs' commands were found (a parser that finds none would pass)
