@@ -56,7 +56,8 @@ def fresh_collective_keys():
 # either worker (--dist loadscope, so a module's shared runs and test_slurm's one Slurm stay in one
 # worker) and hands a worker the next module as it nears the end of its last: longest first, both
 # workers end about together.
-LONGEST_FIRST = ["test_resume",  # 115 s
+LONGEST_FIRST = ["test_docs_run",  # 260 s
+                 "test_resume",  # 115 s
                  "test_multiworker",  # 100 s
                  "test_slurm",  # 70 s
                  "test_sweep",  # 65 s

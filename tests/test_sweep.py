@@ -90,6 +90,21 @@ def test_a_sweep_ends_with_a_summary_table_and_a_scaling_plot(worker_sweep):
     # The resolved config goes to launcher.log, not to the terminal of every job.
     assert "cluster:\n  name: local" not in out.stdout + out.stderr
     assert "cluster:\n  name: local" in (sweep_dir / "0" / "launcher.log").read_text()
+    # The sweep's process kept its fork server: job 1's tasks were forked from job 0's.
+    assert [(sweep_dir / r["run_dir"] / "logs" / "forkserver.log").exists() for r in rows] == [True, False]
+    assert_nothing_left(sweep_dir)
+
+
+@pytest.mark.slow
+def test_jobs_whose_tensorflow_starts_otherwise_get_a_fork_server_each(tmp_path):
+    """TensorFlow reads TF_ENABLE_ONEDNN_OPTS as it is imported: a job that sets it otherwise gets a server
+    of its own, and its task runs the kernels it asked for; one that sets it alike shares (the control)."""
+    sweep_dir = tmp_path / "sweep"
+    out = multirun(sweep_dir, "trainer.onednn=true,true,false", *TINY)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = [json.loads((sweep_dir / str(job) / "results.json").read_text()) for job in range(3)]
+    assert [r["onednn"] for r in results] == [True, True, False]
+    assert [(sweep_dir / str(job) / "logs" / "forkserver.log").exists() for job in range(3)] == [True, False, True]
     assert_nothing_left(sweep_dir)
 
 

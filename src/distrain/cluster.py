@@ -4,6 +4,7 @@ A cluster is TensorFlow's spec: {"chief": [...], "worker": ["host:port", ...], "
 task is (type, index) within it. Every task learns both from TF_CONFIG, as on Kubernetes or Vertex AI.
 No TensorFlow here: the launcher uses this module.
 """
+import atexit
 import fcntl
 import json
 import os
@@ -332,6 +333,9 @@ class CoreLocks:
         self._files = []
 
 
+_NETWORKS: dict = {}  # PrivateNetwork.shared's, by whether isolation is on
+
+
 class PrivateNetwork:
     """A network namespace of its own (loopback only) for a local cluster's tasks.
 
@@ -342,6 +346,16 @@ class PrivateNetwork:
 
     def __init__(self, enabled: bool = True):
         self.enabled, self.available, self.reason, self._holder = enabled, False, "", None
+
+    @classmethod
+    def shared(cls, enabled: bool = True) -> "PrivateNetwork":
+        """This process's network for its local clusters, made for the first, kept for the next until the
+        process exits: the fork server its clusters' tasks come from lives in it (forkserver.shared)."""
+        net = _NETWORKS.get(enabled)
+        if net is None or (net._holder is not None and net._holder.poll() is not None):  # (a holder gone)
+            net = _NETWORKS[enabled] = cls(enabled).__enter__()
+            atexit.register(net.__exit__)
+        return net
 
     def __enter__(self):
         unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")

@@ -7,9 +7,9 @@ imports it once per run, then forks a task in milliseconds: each child becomes t
 process group, environment, output pipe, cores), with a clean TensorFlow (no device, no server, no
 thread started before the fork).
 
-A process that runs several one-task runs in turn (a sweep's jobs under the basic launcher, a script
-calling distrain) keeps one server for all of them (`shared`): the first run's task imports TensorFlow,
-the next ones start in about a second.
+A process that runs several runs in turn (a sweep's jobs under the basic launcher, a script calling
+distrain) keeps one server for all of them (`shared`), one-task runs and local clusters alike: the
+first run imports TensorFlow, the next ones' tasks start at once.
 
 Python's multiprocessing has a fork server too, but its children are not such processes (no session
 of their own, no normal interpreter exit, no output pipe, outside the cluster's network namespace);
@@ -34,7 +34,7 @@ _SHARED: dict = {}  # (module, what TensorFlow reads as it is imported) -> the s
 
 
 class ForkServer:
-    """One run's fork server: `spawn()` starts a task of the run whose config is config_path.
+    """A fork server: `spawn()` starts a task of the run whose config it is given (else config_path's).
 
     `wrap(argv)` runs the server where the tasks must run (PrivateNetwork.wrap). If the server
     cannot start, `available` is False, and `reason` says why: tasks then start the usual way."""
@@ -137,16 +137,17 @@ class ForkServer:
         self._reader.join(timeout=5)
 
 
-def shared(module: str, imported_with: dict, log_path: Path) -> ForkServer:
-    """The server of this process for one-task runs of `module`, started by the first, kept for the next
-    (until this process exits) while the environment TensorFlow reads as it is imported (`imported_with`,
-    e.g. TF_ENABLE_ONEDNN_OPTS) stays the same. The server's output goes to the first run's log_path."""
-    key = (module, tuple(sorted(imported_with.items())))
+def shared(module: str, imported_with: dict, log_path: Path, wrap=None) -> ForkServer:
+    """The server of this process for runs of `module`, started by the first, kept for the next (until
+    this process exits) while the environment TensorFlow reads as it is imported (`imported_with`, e.g.
+    TF_ENABLE_ONEDNN_OPTS) and where the tasks run (`wrap`: a local cluster's network) stay the same.
+    The server's output goes to the first run's log_path."""
+    key = (module, tuple(sorted(imported_with.items())), wrap)
     server = _SHARED.get(key)
     if server is None or server.reason:  # (one that died is replaced)
         if server is not None:
             server.__exit__()
-        server = _SHARED[key] = ForkServer("(shared)", log_path, module=module).__enter__()
+        server = _SHARED[key] = ForkServer("(shared)", log_path, wrap or (lambda argv: argv), module).__enter__()
         if len(_SHARED) == 1:
             atexit.register(_close_shared)
     return server

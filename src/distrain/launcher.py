@@ -25,7 +25,6 @@ from . import cpu, data, forkserver, report, schema, storage
 from .config import check_objective, check_same_run, resumed, validate
 from .context import Topology
 from .errors import ConfigError, print_error
-from .forkserver import ForkServer
 from .protocol import RESTARTS_CLUSTER, SCRATCH, STARTED, error_line
 from .rundir import RunDir
 from .restarts import Restarts
@@ -210,8 +209,8 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
     restarts, peaks = Restarts(c.max_restarts, c.restart_window), {}
-    with cluster_lib.PrivateNetwork(enabled=c.isolate is not False) as net, \
-            cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
+    net = cluster_lib.PrivateNetwork.shared(enabled=c.isolate is not False)  # (kept for this process's next run)
+    with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
         if not net.available:
             if c.isolate is True:
                 error = (f"cluster.isolate=true but no private network is possible here ({net.reason}): "
@@ -224,34 +223,34 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
         if cores.shared:
             log.warning("cluster.pin_workers: %s", cores.shared)
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
-        # Started only now, so that a run refused above imports nothing. argv[-1]: the run's config.
-        with ForkServer(argv[-1], run.log("forkserver"), net.wrap) as forks:
-            while True:
-                spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
-                for task in tasks:  # after a restart of the cluster, each task's log goes on
-                    task.restarts = restarts.per_task[task.name]
-                    # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
-                    task.env[RESTARTS_CLUSTER] = str(int(restarts.may_restart_cluster()))
-                log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.task.address}" for t in tasks))
+        # Started only now, so that a run refused above imports nothing; kept for this process's next run.
+        forks = forkserver.shared("distrain.task", cpu.onednn_env(cfg.trainer.onednn), run.log("forkserver"), net.wrap)
+        while True:
+            spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
+            for task in tasks:  # after a restart of the cluster, each task's log goes on
+                task.restarts = restarts.per_task[task.name]
+                # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
+                task.env[RESTARTS_CLUSTER] = str(int(restarts.may_restart_cluster()))
+            log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.task.address}" for t in tasks))
 
-                def write_cluster_json(status: str):
-                    state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
-                             "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}
-                    run.write_cluster(state)
+            def write_cluster_json(status: str):
+                state = {"strategy": strategy, "network": network, "status": status, "cluster": spec,
+                         "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}
+                run.write_cluster(state)
 
-                outcome = run_tasks(tasks, run, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
-                                    job=job, restarts=restarts)
-                # (each task's peak over the cluster's restarts too)
-                peaks = outcome.peak_rss_mib = {name: max(peak, peaks.get(name, 0.0))
-                                                for name, peak in outcome.peak_rss_mib.items()}
-                if not outcome.restart:
-                    _record_restarts(run, restarts)
-                    return outcome
-                try:
-                    cfg = _resuming(cfg, run)
-                except ConfigError as exc:  # (a full disk)
-                    print_error(str(exc))
-                    return Outcome(2, "failed", error_line(exc))
+            outcome = run_tasks(tasks, run, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
+                                job=job, restarts=restarts)
+            # (each task's peak over the cluster's restarts too)
+            peaks = outcome.peak_rss_mib = {name: max(peak, peaks.get(name, 0.0))
+                                            for name, peak in outcome.peak_rss_mib.items()}
+            if not outcome.restart:
+                _record_restarts(run, restarts)
+                return outcome
+            try:
+                cfg = _resuming(cfg, run)
+            except ConfigError as exc:  # (a full disk)
+                print_error(str(exc))
+                return Outcome(2, "failed", error_line(exc))
 
 
 def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) -> tuple[dict, list]:
