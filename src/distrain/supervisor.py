@@ -219,6 +219,7 @@ class TaskProcess:
 
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
+            self.memory.look(self.proc.pid)  # its peak up to now: the last look may be 0.5 s old
             if self.hung or _stopped(self.proc.pid):  # stuck or frozen: it cannot save, nor act on SIGTERM
                 sig = signal.SIGKILL
             try:
