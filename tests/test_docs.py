@@ -110,9 +110,10 @@ def check(args: list, cwd: Path) -> str:
 
 
 def lay_out(block: str, user_dir: Path) -> None:
-    """A config file or module the docs show as the reader's own (its first line names its path):
-    written where the reader would keep it."""
-    words = [w.rstrip(",:;") for w in block.splitlines()[0].lstrip("# ").split()]
+    """A config file or module the docs show as the reader's own (a comment line atop it names its path,
+    after `# @package _global_` for a preset): written where the reader would keep it."""
+    heading = [line for line in block.splitlines()[:2] if line.strip().startswith("#")]
+    words = [w.rstrip(",:;") for line in heading for w in line.strip().lstrip("# ").split()]
     named = [w for w in words if w.endswith(".py") or w.endswith(".yaml") and w.startswith("conf/")]
     if named:
         path = user_dir / named[0]

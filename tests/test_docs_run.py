@@ -132,8 +132,19 @@ class Reader:
         self.runs, self.sweeps, self.problems, self.ran, self.not_run = [], [], [], [], []
 
     def shell(self, example) -> None:
+        self.run_block(example.parsed, example.line)
+
+    def config(self, example) -> None:
+        """A config file or module the docs show, laid out where the reader keeps it; the command its
+        comment names (`# conf/experiment/x.yaml: distrain --config-dir conf experiment=x`), run."""
+        lay_out(example.parsed, self.home)
+        self.run_block("\n".join(re.findall(r"^\s*#.*?: ((?:distrain|python \S*train\.py) .*)$", example.parsed, re.M)),
+                       example.line)
+
+    def run_block(self, block: str, at: int) -> None:
+        """The block's commands, in order, from the document's directory (a `cd` moves on from there)."""
         cwd = self.home
-        for words in commands(example.parsed):
+        for words in commands(block):
             line = " ".join(words)
             words = [w for word in map(self.substitute, words) for w in expand(word, cwd)]
             if words[0] == "cd":
@@ -142,22 +153,22 @@ class Reader:
             args = distrain_args(words)
             why = next((why for marker, why in NOT_RUN.items() if marker in line), None)
             if args is None or why:
-                self.not_run.append((example.line, line, why or NOT_HERE.get(words[0], "not distrain's")))
+                self.not_run.append((at, line, why or NOT_HERE.get(words[0], "not distrain's")))
                 continue
             key = (str(cwd.relative_to(self.project)), line)
             if key in ALREADY:  # (the same command in the same directory, in a document run before)
                 where, runs, sweeps = ALREADY[key]
                 self.runs += runs
                 self.sweeps += sweeps
-                self.not_run.append((example.line, line, f"the same command as {where}, run there"))
+                self.not_run.append((at, line, f"the same command as {where}, run there"))
                 continue
             started, made = time.monotonic(), (len(self.runs), len(self.sweeps))
             said = self.run(args, cwd)
-            self.ran.append((example.line, f"{line} ({time.monotonic() - started:.1f} s)"))
+            self.ran.append((at, f"{line} ({time.monotonic() - started:.1f} s)"))
             if said:
-                self.problems.append(f"{self.doc}:{example.line}: {line}\n    {said}")
+                self.problems.append(f"{self.doc}:{at}: {line}\n    {said}")
             else:
-                ALREADY[key] = (f"{self.doc}:{example.line}", self.runs[made[0]:], self.sweeps[made[1]:])
+                ALREADY[key] = (f"{self.doc}:{at}", self.runs[made[0]:], self.sweeps[made[1]:])
 
     def transcript(self, example) -> None:
         """`$ command`, then the error line it prints: run, the line and exit status 2 checked."""
@@ -250,9 +261,8 @@ def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path, monkeypatch, c
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
     home = reader_home(tmp_path, doc)
     reader = Reader(doc, home, tmp_path / "project", monkeypatch, capfd)
-    files = lambda example: lay_out(example.parsed, home)  # noqa: E731
     sybil = Sybil(parsers=[CodeBlockParser("bash", reader.shell), CodeBlockParser("console", reader.transcript),
-                           CodeBlockParser("yaml", files), CodeBlockParser("python", files)],
+                           CodeBlockParser("yaml", reader.config), CodeBlockParser("python", reader.config)],
                   path=str((ROOT / doc).parent), patterns=[Path(doc).name])
     for example in sybil.parse(ROOT / doc):
         example.evaluate()
