@@ -34,13 +34,14 @@ _SHARED: dict = {}  # (module, what TensorFlow reads as it is imported) -> the s
 
 
 class ForkServer:
-    """A fork server: `spawn()` starts a task of the run whose config it is given (else config_path's).
+    """A fork server: `spawn()` starts a task of the run whose config it is given. `label` names the
+    server in `ps` (a run's config, or "(shared)").
 
     `wrap(argv)` runs the server where the tasks must run (PrivateNetwork.wrap). If the server
     cannot start, `available` is False, and `reason` says why: tasks then start the usual way."""
 
-    def __init__(self, config_path: Path, log_path: Path, wrap=lambda argv: argv, module: str = "distrain.task"):
-        self.config_path, self.log_path, self.wrap, self.module = str(config_path), log_path, wrap, module
+    def __init__(self, label: str, log_path: Path, wrap=lambda argv: argv, module: str = "distrain.task"):
+        self.label, self.log_path, self.wrap, self.module = str(label), log_path, wrap, module
         self.available, self.reason, self.proc = False, "", None
         self._children, self._exited, self._replies, self._lock = {}, {}, [], threading.Lock()
         self._replied = threading.Condition(self._lock)
@@ -52,7 +53,7 @@ class ForkServer:
             # One BLAS thread: the server must hold no thread when it forks (numpy's BLAS starts some).
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
             self.proc = subprocess.Popen(
-                self.wrap([sys.executable, "-m", "distrain.forkserver", self.config_path, str(theirs.fileno()),
+                self.wrap([sys.executable, "-m", "distrain.forkserver", self.label, str(theirs.fileno()),
                            self.module]), env=env,
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=die_with_parent)
@@ -95,14 +96,14 @@ class ForkServer:
                 self.reason = f"not ready within {READY_TIMEOUT:g} s"
             return self.available
 
-    def spawn(self, env: dict, cores=None, config: Path | None = None) -> "Child":
-        """A task process of the run (of `config`, else the server's), with this environment (the whole
-        of it), CPU affinity and this process's working directory."""
+    def spawn(self, env: dict, cores, config: str) -> "Child":
+        """A task process of the run whose config is `config`, with this environment (the whole of it),
+        CPU affinity and this process's working directory."""
         if not self.wait_ready():
             raise OSError(f"no fork server: {self.reason}")
         out, theirs = os.pipe()
         request = {"env": env, "cores": sorted(cores) if cores else None, "cwd": os.getcwd(),
-                   "config": str(config or self.config_path)}
+                   "config": str(config)}
         try:
             with self._lock:
                 socket.send_fds(self._sock, [json.dumps(request).encode()], [theirs])
@@ -254,6 +255,6 @@ def become_task(module: str, request: dict, out: int) -> int:
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when tasks stop
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before a task can answer it (stacks.py)
-    # Its command line names the run's config, as each task's does (`ps` tells the runs apart).
+    # Its command line names its label (a run's config: `ps` tells the runs apart), its socket and module.
     forked = serve(int(sys.argv[2]))
     exit_now(become_task(sys.argv[3], *forked) if forked else 0)  # the server too: it has nothing to save

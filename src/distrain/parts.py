@@ -9,9 +9,9 @@ forward pass needs no all-reduce, so each predicts with its own copy of the mode
 restarted alone); under parameter servers the coordinator reads every part and schedules a function per
 batch on whichever worker is free (TensorFlow's ClusterCoordinator runs a function again elsewhere if
 its worker is lost, and the coordinator places each result by its batch)."""
-import contextlib
 import io
 import json
+import os
 import shutil
 import sys
 import time
@@ -21,10 +21,10 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from . import cluster as cluster_lib
-from . import storage
+from . import forkserver, storage
 from .context import Topology
+from .cpu import ONEDNN
 from .errors import ConfigError, print_error
-from .forkserver import ForkServer
 from .launcher import scratch_dir
 from .protocol import error_line
 from .restarts import Restarts
@@ -78,8 +78,9 @@ def _few(ks: list) -> str:
 
 class Cluster:
     """The local cluster cfg names, for evaluate or predict: its network and fork server start on entry
-    (TensorFlow imports there while this process loads the model and the data), its tasks in compute().
-    Their config and logs go to RUN_DIR/evaluations/<command>/."""
+    (TensorFlow imports there while this process loads the model and the data; both kept for this
+    process's next command, as a run's are), its tasks in compute(). Their config and logs go to
+    RUN_DIR/evaluations/<command>/."""
 
     def __init__(self, cfg, run_dir: Path, command: str):
         self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
@@ -87,16 +88,15 @@ class Cluster:
 
     def __enter__(self):
         c = self.cfg.cluster
-        with contextlib.ExitStack() as stack:
-            self.net = stack.enter_context(cluster_lib.PrivateNetwork(enabled=c.isolate is not False))
-            self.forks = stack.enter_context(ForkServer(self.where.path, self.where.log("forkserver"), self.net.wrap,
-                                                        module="distrain.inference_task"))
-            stack.enter_context(scratch_dir())
-            self._stack = stack.pop_all()
+        self.net = cluster_lib.PrivateNetwork.shared(enabled=c.isolate is not False)
+        self.forks = forkserver.shared("distrain.inference_task", {ONEDNN: os.environ.get(ONEDNN, "")},
+                                       self.where.log("forkserver"), self.net.wrap)
+        self._scratch = scratch_dir()
+        self._scratch.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._stack.close()
+        self._scratch.__exit__(*exc)
 
     def compute(self, data, options: dict) -> tuple[dict, float]:
         """Every part computed by the tasks: ({index, outputs[, labels]} in order, the seconds they took)."""

@@ -64,7 +64,7 @@ def precision_policy(setting, gpus: list[tuple] | None = None, cpu: set[str] | N
     if setting is False:
         return "float32", "trainer.mixed_precision=false"
     if sharded:
-        return "float32", f"trainer.mixed_precision=auto: {UNSHARDABLE}"
+        return "float32", f"trainer.mixed_precision={str(setting).lower()}: {UNSHARDABLE}"
     if gpus:  # float16 needs loss scaling; tensor cores (compute capability 7.0 and up) make it fast
         if setting is True or min(gpus) >= (7, 0):
             return "mixed_float16", f"trainer.mixed_precision={str(setting).lower()}, GPUs of compute capability " \
