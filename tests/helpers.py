@@ -1,9 +1,15 @@
 """What the tests share: the real config composed as train.py composes it, runs of train.py in a
 process of its own or in this one, and the checks that a run left nothing behind."""
+import contextlib
+import io
 import json
+import logging
+import logging.config
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,13 +49,116 @@ def small(*overrides):
                     "trainer.save_model=false", *overrides)
 
 
-def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, env_extra=None, **kwargs):
-    """`python train.py ARGS` with its run directory at run_dir; never the network, never the user's cache."""
-    env = {**os.environ, "KERAS_HOME": str(run_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0",
-           **(env_extra or {})}
-    return subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=run_dir.parent,
-                          **kwargs)
+def run_cli(run_dir: Path, *args, timeout=RUN_TIMEOUT, env_extra=None, process=False, **kwargs):
+    """`python train.py hydra.run.dir=RUN_DIR ARGS` from run_dir's parent; never the network, never the
+    user's cache. Its exit status and output, as a CompletedProcess. By default the launcher runs in this
+    process, its tasks forked from this process's fork server as a sweep's later jobs are (about 4 s of
+    CPU less a run: no interpreter, Hydra and TensorFlow to start); process=True: a process of its own,
+    where what is under test is that process (its start-up, its environment, its exit)."""
+    return _train(run_dir.parent, [f"hydra.run.dir={run_dir}", *args], timeout, env_extra, process, **kwargs)
+
+
+def sweep_cli(sweep_dir: Path, *args, timeout=RUN_TIMEOUT, env_extra=None, process=False, **kwargs):
+    """`python train.py -m hydra.sweep.dir=SWEEP_DIR ARGS`, as run_cli runs a run."""
+    return _train(sweep_dir.parent, ["-m", f"hydra.sweep.dir={sweep_dir}", *args], timeout, env_extra, process,
+                  **kwargs)
+
+
+def _train(cwd: Path, argv: list, timeout: float, env_extra, process: bool, **kwargs):
+    env = {"KERAS_HOME": str(cwd / "keras_home"), "HYDRA_FULL_ERROR": "0", **(env_extra or {})}
+    if process:
+        return subprocess.run([sys.executable, str(TRAIN_PY), *argv], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, **env}, cwd=cwd, **kwargs)
+    return subprocess.CompletedProcess(["train.py", *argv], *here(cwd, argv, env, timeout))
+
+
+class Overdue(Exception):
+    """A command run in this process took longer than its time."""
+
+
+def here(cwd: Path, argv: list, env: dict | None = None, timeout: float = RUN_TIMEOUT) -> tuple[int, str, str]:
+    """`distrain ARGV` in this process as from a shell in cwd with env added: its exit status and what
+    it printed (stdout, stderr), within timeout seconds (else Overdue, its tasks stopped as on an error)."""
+    def overdue(*_):
+        raise Overdue(f"distrain {' '.join(argv)} took longer than {timeout} s")
+
+    with pytest.MonkeyPatch.context() as m, printed() as said:
+        for name, value in (env or {}).items():
+            m.setenv(name, value)
+        previous = signal.signal(signal.SIGALRM, overdue)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            with as_a_user(m, cwd, argv):
+                cli.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    return code, *said
+
+
+@contextlib.contextmanager
+def printed():
+    """What this process writes to stdout and stderr meanwhile, by Python or at the file descriptors (the
+    tasks' lines the launcher passes on, logging's handlers): the list [out, err], filled as it ends."""
+    said = []
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)], (sys.stdout, sys.stderr)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", closefd=False), line_buffering=True)
+                                  for fd in (1, 2))
+        try:
+            yield said
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.stdout, sys.stderr = saved[1]
+            for fd, kept in zip((1, 2), saved[0]):
+                os.dup2(kept, fd)
+                os.close(kept)
+            for file in (out, err):
+                file.seek(0)
+                said.append(file.read().decode(errors="replace"))
+
+
+@contextlib.contextmanager
+def as_a_user(monkeypatch, cwd: Path, argv: list):
+    """`distrain ARGV` in this process as from a shell in cwd: sys.argv, the directory, the environment
+    main() sets, and the logging Hydra configures for the run, each as it was after."""
+    root, loggers = logging.getLogger(), dict(logging.Logger.manager.loggerDict)
+    saved = (root.level, list(root.handlers), {name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
+                                               for name, lg in loggers.items() if isinstance(lg, logging.Logger)})
+    with monkeypatch.context() as m:
+        # Hydra's logging set-up closes every handler there is (logging.config's way): in a process of the
+        # user's, none; in this one, pytest's and absl's (the latter closing pytest's capture of stderr).
+        # Those stay open here; the run's own are closed after it.
+        m.setattr(logging.config, "_clearExistingHandlers", logging._handlers.clear)
+        m.chdir(cwd)
+        m.setattr(sys, "argv", ["distrain", *argv])
+        m.setattr(sys, "path", list(sys.path))
+        m.setattr(cli, "OWN_DIRS", [])
+        # (main() sets these in os.environ: set here, they are undone after, as a process of its own would.)
+        m.setenv("HYDRA_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", "0"))
+        m.setenv("DISTRAIN_STARTED", str(time.time()))
+        try:
+            yield
+        finally:
+            before = {id(h) for h in saved[1]} | {id(h) for _, hs, _, _ in saved[2].values() for h in hs}
+            for lg in [root, *logging.Logger.manager.loggerDict.values()]:
+                for handler in getattr(lg, "handlers", []):
+                    if id(handler) not in before:
+                        handler.close()
+            root.setLevel(saved[0])
+            root.handlers[:] = saved[1]
+            for name, lg in list(logging.Logger.manager.loggerDict.items()):
+                if isinstance(lg, logging.Logger):  # (one the run made: as a new logger is)
+                    level, handlers, propagate, disabled = saved[2].get(name, (logging.NOTSET, [], True, False))
+                    lg.level, lg.handlers[:], lg.propagate, lg.disabled = level, handlers, propagate, disabled
 
 
 def in_process(tmp_path, monkeypatch, capfd, args, env_extra=None):

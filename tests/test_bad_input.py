@@ -261,6 +261,11 @@ CASES = [
     ("npz-no-path", ["data=npz"], "data=npz needs data.path: set data.path=mydata.npz"),
     ("npz-missing", ["data=npz", "data.path=/nonexistent.npz"], "data file /nonexistent.npz is missing"),
     ("npz-not-npz", ["data=npz", "data.path={file}"], "is corrupt or not an .npz file"),
+    ("npz-one-class", ["data=npz", "data.path={zeros_npz}", "trainer.batch_size=4"],
+     "the data's labels are all 0: one class, and a classifier needs two or more: set data.num_classes=K"),
+    ("tfrecord-one-class", ["data=tfrecord", "data.train_files={zeros_shard}", "data.test_files={zeros_shard}",
+                            "trainer.batch_size=4"],
+     "the labels (image/class/label) of every record are all 0: one class"),
     # ---- data in files: TFRecord shards and image folders (found by the launcher's scan, without TensorFlow;
     # what only streaming meets, a record at a time: tests/test_files.py) ----
     ("tfrecord-no-match", ["data=tfrecord", "data.train_files={tmp}/nothing-*", "data.test_files={shard}"],
@@ -336,6 +341,11 @@ def _data_files(tmp_path) -> dict:
     found = {"shard": shard, "not_tfrecord": tmp_path / "text.tfrecord", "cut": tmp_path / "cut.tfrecord",
              "no_classes": tmp_path / "no_classes", "empty_class": tmp_path / "empty_class",
              "differ": tmp_path / "differ", "sizes_differ": tmp_path / "sizes_differ", "no_test": tmp_path / "no_test"}
+    (found["zeros_shard"],) = tfrecords.write(np.zeros((8, 28, 28, 1), np.uint8), np.zeros(8, int), tmp_path / "zeros",
+                                              "train", 1)
+    found["zeros_npz"] = tmp_path / "zeros.npz"  # (labels of one class: all 0)
+    np.savez(found["zeros_npz"], x_train=np.zeros((8, 28, 28), np.uint8), y_train=np.zeros(8, np.uint8),
+             x_test=np.zeros((4, 28, 28), np.uint8), y_test=np.zeros(4, np.uint8))
     found["not_tfrecord"].write_text("hello, not records\n" * 10)
     found["cut"].write_bytes(shard.read_bytes()[:500])
     found["other_keys"] = record_file(tmp_path / "keys.tfrecord", {
@@ -378,7 +388,7 @@ def test_bad_input_is_one_error_line_with_a_fix(tmp_path, monkeypatch, capfd, ca
     started = time.monotonic()
     if name in NEEDS_TENSORFLOW or name in AS_A_USER:
         out = run_cli(run_dir or tmp_path / "unused", *QUICK, *args, timeout=TENSORFLOW_SECONDS + 30,
-                      env_extra=env_extra)
+                      env_extra=env_extra, process=name in AS_A_USER)
         code, stdout, stderr = out.returncode, out.stdout, out.stderr
     else:
         code, stdout, stderr = in_process(tmp_path, monkeypatch, capfd, [

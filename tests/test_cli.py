@@ -19,7 +19,7 @@ from distrain.errors import print_error
 
 def test_help_is_instant_and_lists_the_groups(tmp_path):
     start = time.perf_counter()
-    out = run_cli(tmp_path / "run", "--help", timeout=60)
+    out = run_cli(tmp_path / "run", "--help", timeout=60, process=True)
     assert out.returncode == 0
     assert ("strategy: central_storage, default, mirrored, multi_worker_mirrored, one_device, "
             "parameter_server") in out.stdout
@@ -70,7 +70,7 @@ def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path, monkeyp
     nothing in the temporary directory."""
     run_dir, temporary = tmp_path / "run", tmp_path / "tmp"
     temporary.mkdir()
-    out = run_cli(run_dir, "data.download_timeout=0", env_extra={"TMPDIR": str(temporary)})
+    out = run_cli(run_dir, "data.download_timeout=0", env_extra={"TMPDIR": str(temporary)}, process=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert list(temporary.iterdir()) == []
     # The control: TensorFlow's autograph leaves a file there for each function it converts, until the

@@ -11,15 +11,11 @@ command not run is in NOT_RUN (or test_docs.NOT_HERE), matched on its text, with
 
 One-process runs fork their task from the launcher's fork server, which this process keeps from one
 command to the next, as a sweep's jobs do (forkserver.shared): a run takes about 1.5 s, not 5."""
-import contextlib
 import glob
 import json
-import logging
-import logging.config
 import re
 import shlex
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -29,7 +25,7 @@ from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser
 
 from distrain import cli, tfrecords
-from helpers import ROOT
+from helpers import ROOT, here
 from test_docs import DOCS, NOT_HERE, READERS_MODULES, commands, distrain_args, lay_out
 
 pytestmark = pytest.mark.slow
@@ -77,41 +73,6 @@ def readers_files(where: Path) -> None:
                 Image.fromarray(rng.integers(0, 255, (72, 80, 3), dtype=np.uint8)).save(folder / f"{i}.png")
 
 
-@contextlib.contextmanager
-def as_the_reader(monkeypatch, cwd: Path, argv: list):
-    """`distrain ARGV` in this process as from a shell in cwd: sys.argv, the directory, the environment
-    main() sets, and the logging Hydra configures for the run, each as it was after."""
-    root, loggers = logging.getLogger(), dict(logging.Logger.manager.loggerDict)
-    saved = (root.level, list(root.handlers), {name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
-                                               for name, lg in loggers.items() if isinstance(lg, logging.Logger)})
-    with monkeypatch.context() as m:
-        # Hydra's logging set-up closes every handler there is (logging.config's way): in a process of the
-        # user's, none; in this one, pytest's and absl's (the latter closing pytest's capture of stderr).
-        # Those stay open here; the run's own are closed after it.
-        m.setattr(logging.config, "_clearExistingHandlers", logging._handlers.clear)
-        m.chdir(cwd)
-        m.setattr(sys, "argv", ["distrain", *argv])
-        m.setattr(sys, "path", list(sys.path))
-        m.setattr(cli, "OWN_DIRS", [])
-        # (main() sets these in os.environ: set here, they are undone after, as a process of its own would.)
-        m.setenv("HYDRA_FULL_ERROR", "0")
-        m.setenv("DISTRAIN_STARTED", str(time.time()))
-        try:
-            yield
-        finally:
-            before = {id(h) for h in saved[1]} | {id(h) for _, hs, _, _ in saved[2].values() for h in hs}
-            for lg in [root, *logging.Logger.manager.loggerDict.values()]:
-                for handler in getattr(lg, "handlers", []):
-                    if id(handler) not in before:
-                        handler.close()
-            root.setLevel(saved[0])
-            root.handlers[:] = saved[1]
-            for name, lg in list(logging.Logger.manager.loggerDict.items()):
-                if isinstance(lg, logging.Logger):  # (one the run made: as a new logger is)
-                    level, handlers, propagate, disabled = saved[2].get(name, (logging.NOTSET, [], True, False))
-                    lg.level, lg.handlers[:], lg.propagate, lg.disabled = level, handlers, propagate, disabled
-
-
 # Each command run (in its directory relative to the reader's project): where, and the run and sweep
 # directories it made. A document that holds it too (docs/clusters.md repeats the README's) reuses those.
 ALREADY: dict = {}
@@ -127,8 +88,8 @@ class Reader:
     """A reader going through one document: runs its commands in order, each in-process, and says
     what did not hold."""
 
-    def __init__(self, doc: str, home: Path, project: Path, monkeypatch, capfd):
-        self.doc, self.home, self.project, self.monkeypatch, self.capfd = doc, home, project, monkeypatch, capfd
+    def __init__(self, doc: str, home: Path, project: Path):
+        self.doc, self.home, self.project = doc, home, project
         self.runs, self.sweeps, self.problems, self.ran, self.not_run = [], [], [], [], []
 
     def shell(self, example) -> None:
@@ -182,14 +143,7 @@ class Reader:
                                      f"not {expected!r}")
 
     def main(self, args: list, cwd: Path) -> tuple[int, str, str]:
-        with as_the_reader(self.monkeypatch, cwd, args):
-            try:
-                cli.main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        out = self.capfd.readouterr()
-        return code, out.out, out.err
+        return here(cwd, args, {"KERAS_HOME": str(self.project / "keras_home")})
 
     def substitute(self, word: str) -> str:
         """The reader's last run and sweep where the docs name them."""
@@ -257,10 +211,9 @@ def reader_home(tmp_path: Path, doc: str) -> Path:
 
 
 @pytest.mark.parametrize("doc", DOCS)
-def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path):
     home = reader_home(tmp_path, doc)
-    reader = Reader(doc, home, tmp_path / "project", monkeypatch, capfd)
+    reader = Reader(doc, home, tmp_path / "project")
     sybil = Sybil(parsers=[CodeBlockParser("bash", reader.shell), CodeBlockParser("console", reader.transcript),
                            CodeBlockParser("yaml", reader.config), CodeBlockParser("python", reader.config)],
                   path=str((ROOT / doc).parent), patterns=[Path(doc).name])
@@ -274,14 +227,14 @@ def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path, monkeypatch, c
         assert len(reader.ran) >= 20  # the docs' commands were found (a parser that finds none would pass)
 
 
-def test_the_figure_the_readme_gives_for_the_example_holds(tmp_path, monkeypatch, capfd):
+def test_the_figure_the_readme_gives_for_the_example_holds(tmp_path):
     """The README's range for examples/digits8x8 in float32, from the example's own command at full length
     (12 epochs: 1,437 images, seconds), with the precision the README names."""
     text = " ".join((ROOT / "README.md").read_text().split())
     low, high = map(float, re.search(r"It reaches ([\d.]+)-([\d.]+)% test accuracy under every strategy in "
                                      r"float32 \(`trainer.mixed_precision=false`", text).groups())
     home = reader_home(tmp_path, "examples/digits8x8/README.md")
-    reader = Reader("README.md", home, tmp_path / "project", monkeypatch, capfd)
+    reader = Reader("README.md", home, tmp_path / "project")
     code, out, err = reader.main(["--config-dir", "conf", "model=small_cnn", "data=digits",
                                   "trainer.mixed_precision=false", "hydra.run.dir=run"], home)
     assert code == 0, err[-2000:]

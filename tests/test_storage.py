@@ -16,7 +16,7 @@ import sys
 import pytest
 import yaml
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, finish, in_process, run_cli, wait_until
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, finish, in_process, run_cli, sweep_cli, wait_until
 from distrain import storage
 
 # Files written in place, not through storage.write_atomic, and why that is safe.
@@ -141,14 +141,13 @@ def test_a_rerun_sweep_keeps_its_finished_jobs_and_resumes_the_killed_one(tmp_pa
     assert not (sweep_dir / "1" / "results.json").exists()
     job0 = {p: b for p, b in files(sweep_dir / "0").items() if p.parts[0] not in (".hydra", "launcher.log")}
     # The same command again is refused: the sweep directory holds a sweep.
-    refused = subprocess.run([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
-                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    refused = sweep_cli(sweep_dir, *args, timeout=60)
     assert refused.returncode == 2 and error_lines(refused.stderr) == [
         f"error: hydra.sweep.dir={sweep_dir} holds a sweep already (2 job(s): 1 ok, 1 running): rerun it with "
         f"trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove {sweep_dir}"]
     # With trainer.resume=auto: job 0 is kept as it is, job 1 goes on from its checkpoint.
-    rerun = multirun(sweep_dir, *args, "trainer.resume=auto")
-    out = finish(rerun, timeout=RUN_TIMEOUT)
+    rerun = sweep_cli(sweep_dir, *args, "trainer.resume=auto")
+    out = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, out[-3000:]
     assert "job #0 (trainer.epochs=1): kept (ok - test accuracy" in out
     assert {p: b for p, b in files(sweep_dir / "0").items() if p.parts[0] not in (".hydra", "launcher.log")} == job0

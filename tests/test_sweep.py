@@ -20,7 +20,7 @@ import portpicker
 import pytest
 import yaml
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, tensorboard_values
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, sweep_cli, tensorboard_values
 from distrain import cluster, dashboard, supervisor, sweep, task_output
 from distrain.rundir import RunDir
 
@@ -28,12 +28,6 @@ TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_exa
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
 PNG = b"\x89PNG\r\n\x1a\n"
 DISTRAIN = str(Path(sys.executable).parent / "distrain")  # the installed command
-
-
-def multirun(sweep_dir: Path, *args, timeout=RUN_TIMEOUT):
-    env = {**os.environ, "KERAS_HOME": str(sweep_dir.parent / "keras_home"), "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=sweep_dir.parent)
 
 
 def read_csv(path: Path) -> list:
@@ -50,9 +44,9 @@ def worker_sweep(tmp_path_factory):
     """multi_worker_mirrored over 1 and 2 workers, 64 examples a worker, the learning rate scaled with
     the global batch (trainer.lr_scaling=linear): run once, read by several tests."""
     sweep_dir = tmp_path_factory.mktemp("workers") / "sweep"
-    out = multirun(sweep_dir, "strategy=multi_worker_mirrored", "cluster.workers=1,2", *TINY,
+    out = sweep_cli(sweep_dir, "strategy=multi_worker_mirrored", "cluster.workers=1,2", *TINY,
                    "trainer.batch_size='${distrain.mul:64,${cluster.workers}}'", "trainer.lr_scaling=linear",
-                   "trainer.reference_batch_size=64")
+                   "trainer.reference_batch_size=64", process=True)  # (its first job starts a fork server)
     return sweep_dir, out
 
 
@@ -100,7 +94,7 @@ def test_jobs_whose_tensorflow_starts_otherwise_get_a_fork_server_each(tmp_path)
     """TensorFlow reads TF_ENABLE_ONEDNN_OPTS as it is imported: a job that sets it otherwise gets a server
     of its own, and its task runs the kernels it asked for; one that sets it alike shares (the control)."""
     sweep_dir = tmp_path / "sweep"
-    out = multirun(sweep_dir, "trainer.onednn=true,true,false", *TINY)
+    out = sweep_cli(sweep_dir, "trainer.onednn=true,true,false", *TINY, process=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = [json.loads((sweep_dir / str(job) / "results.json").read_text()) for job in range(3)]
     assert [r["onednn"] for r in results] == [True, True, False]
@@ -130,7 +124,7 @@ def device_sweep(tmp_path_factory):
     job 1 trains: run once, read by the tests of failed rows and of TensorBoard's dashboard (on by
     default in sweeps)."""
     sweep_dir = tmp_path_factory.mktemp("devices") / "sweep"
-    return sweep_dir, multirun(sweep_dir, "strategy=one_device", "strategy.device=/tpu:0,/cpu:0", *TINY)
+    return sweep_dir, sweep_cli(sweep_dir, "strategy=one_device", "strategy.device=/tpu:0,/cpu:0", *TINY)
 
 
 @pytest.mark.slow
@@ -237,9 +231,10 @@ def ask(port: int, what: str, request: dict) -> dict:
 @pytest.mark.slow
 def test_joblib_runs_jobs_side_by_side_and_summarises_them(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    out = multirun(sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+    out = sweep_cli(sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                    "strategy=multi_worker_mirrored", "cluster.workers=1", "cluster.pin_workers=true",
-                   "cluster.threads_per_worker=1", "trainer.learning_rate=0.001,0.002", *TINY)
+                   "cluster.threads_per_worker=1", "trainer.learning_rate=0.001,0.002", *TINY,
+                   process=True)  # (joblib's worker processes)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = read_csv(sweep_dir / "summary.csv")
     assert [(r["trainer.learning_rate"], r["status"]) for r in rows] == [("0.001", "ok"), ("0.002", "ok")]
@@ -264,7 +259,7 @@ def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_pat
         [f"test-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"train-0000{i}-of-00003.tfrecord" for i in range(3)] \
         + ["write-tfrecords.log"]
     sweep_dir = tmp_path / "sweep"
-    out = multirun(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+    out = sweep_cli(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
                    *(o for o in TINY if not o.startswith("data")), "data=tfrecord",
                    f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from . import checking, storage
 from .config import instantiate
 from .errors import ConfigError
+from .files import not_one_class
 from .process import scratch
 from .schema import FILE_SOURCES, label
 
@@ -150,7 +151,7 @@ def num_classes(data, labels, class_indices: bool = True) -> int:
     of other labels (class_indices=False): a label's size (the outputs a model needs: 1 for (N,) labels)."""
     if not class_indices:
         return data.get("num_classes") or int(np.prod(labels[0].shape[1:], dtype=int))
-    return data.get("num_classes") or int(max(int(y.max()) for y in labels)) + 1
+    return data.get("num_classes") or not_one_class(int(max(int(y.max()) for y in labels)) + 1, "the data's labels")
 
 
 def _read_npz(path: Path, *names):

@@ -44,6 +44,15 @@ class FileData:
 
 # ---- TFRecord files -------------------------------------------------------------------------------------
 
+def not_one_class(counted: int, where: str) -> int:
+    """The classes counted from labels (one more than the largest), unless that is one: labels that are
+    all 0 make a model of one output, which no class-index loss can train."""
+    if counted == 1:
+        raise ConfigError(f"{where} are all 0: one class, and a classifier needs two or more: set "
+                          "data.num_classes=K (the classes there are), or check that the labels were read right")
+    return counted
+
+
 def tfrecord_lengths(path: Path):
     """The length of each record of a TFRecord file, from the record headers alone (each record is a
     uint64 length, its CRC, the data, the data's CRC). A file that is not one, or is cut short, is a
@@ -220,7 +229,7 @@ def scan_tfrecords(data) -> FileData:
     if not classes:  # one stated pass over the labels
         largest = max(parse_example(record)[data.label_key][1][0] for path in train + test
                       for record in tfrecord_records(Path(path)))
-        classes = largest + 1
+        classes = not_one_class(largest + 1, f"the labels ({data.label_key}) of every record")
         how += f"; {classes} classes: one more than the largest label, read in one pass over every record " \
                "(set data.num_classes to skip it)"
     how += f" ({time.perf_counter() - started:.1f} s)"

@@ -99,8 +99,10 @@ class Summary:
         self.notes = scaling_notes(rows)
 
 
-def summarize(sweep_dir: Path, out=sys.stdout) -> Summary | None:
-    """Write summary.csv, summary.md and scaling.png into sweep_dir and print the table."""
+def summarize(sweep_dir: Path, out=None) -> Summary | None:
+    """Write summary.csv, summary.md and scaling.png into sweep_dir and print the table (to out, else
+    to sys.stdout as it is then)."""
+    out = out or sys.stdout
     rows, varying = collect(sweep_dir)
     if not rows:
         print_error(f"no jobs found in {sweep_dir} (no run directory with .hydra/overrides.yaml or "
