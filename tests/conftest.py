@@ -56,22 +56,22 @@ def fresh_collective_keys():
 # either worker (--dist loadscope, so a module's shared runs and test_slurm's one Slurm stay in one
 # worker) and hands a worker the next module as it nears the end of its last: longest first, both
 # workers end about together.
-LONGEST_FIRST = ["test_docs_run",  # 260 s
-                 "test_resume",  # 115 s
+LONGEST_FIRST = ["test_docs_run",  # 280 s
                  "test_multiworker",  # 100 s
+                 "test_resume",  # 90 s
+                 "test_sweep",  # 70 s
                  "test_slurm",  # 70 s
-                 "test_sweep",  # 65 s
-                 "test_bad_input",  # 52 s
-                 "test_inference",  # 50 s
-                 "test_own_model",  # 45 s
-                 "test_files",  # 45 s
-                 "test_training",  # 35 s
-                 "test_task",  # 30 s
-                 "test_storage",  # 28 s
-                 "test_cli",  # 22 s
-                 "test_accounting",  # 20 s
-                 "test_optimizer",  # 15 s
-                 "test_cluster"]  # 12 s; the others take seconds
+                 "test_bad_input",  # 55 s
+                 "test_files",  # 40 s
+                 "test_cli",  # 30 s
+                 "test_own_model",  # 26 s
+                 "test_inference",  # 25 s
+                 "test_task",  # 23 s
+                 "test_training",  # 21 s
+                 "test_storage",  # 20 s
+                 "test_cluster",  # 11 s
+                 "test_accounting",  # 11 s
+                 "test_optimizer"]  # 8 s; the others take seconds
 
 
 def pytest_collection_modifyitems(items):

@@ -82,28 +82,31 @@ def here(cwd: Path, argv: list, env: dict | None = None, timeout: float = RUN_TI
     def overdue(*_):
         raise Overdue(f"distrain {' '.join(argv)} took longer than {timeout} s")
 
-    with pytest.MonkeyPatch.context() as m, printed() as said:
-        for name, value in (env or {}).items():
-            m.setenv(name, value)
-        previous = signal.signal(signal.SIGALRM, overdue)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-        try:
-            with as_a_user(m, cwd, argv):
-                cli.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+    said = []
+    try:
+        with pytest.MonkeyPatch.context() as m, printed(said):
+            for name, value in (env or {}).items():
+                m.setenv(name, value)
+            previous = signal.signal(signal.SIGALRM, overdue)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                with as_a_user(m, cwd, argv):
+                    cli.main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+    except Overdue as exc:
+        raise Overdue(f"{exc}; the end of what it printed:\n{said[0][-2000:]}\n{said[1][-2000:]}") from None
     return code, *said
 
 
 @contextlib.contextmanager
-def printed():
+def printed(said: list):
     """What this process writes to stdout and stderr meanwhile, by Python or at the file descriptors (the
-    tasks' lines the launcher passes on, logging's handlers): the list [out, err], filled as it ends."""
-    said = []
+    tasks' lines the launcher passes on, logging's handlers): added to `said` as [out, err] as it ends."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -113,7 +116,7 @@ def printed():
         sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", closefd=False), line_buffering=True)
                                   for fd in (1, 2))
         try:
-            yield said
+            yield
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

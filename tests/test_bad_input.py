@@ -261,11 +261,10 @@ CASES = [
     ("npz-no-path", ["data=npz"], "data=npz needs data.path: set data.path=mydata.npz"),
     ("npz-missing", ["data=npz", "data.path=/nonexistent.npz"], "data file /nonexistent.npz is missing"),
     ("npz-not-npz", ["data=npz", "data.path={file}"], "is corrupt or not an .npz file"),
-    ("npz-one-class", ["data=npz", "data.path={zeros_npz}", "trainer.batch_size=4"],
+    ("npz-one-class", ["data=npz", "data.path={zeros}.npz", "trainer.batch_size=4"],
      "the data's labels are all 0: one class, and a classifier needs two or more: set data.num_classes=K"),
-    ("tfrecord-one-class", ["data=tfrecord", "data.train_files={zeros_shard}", "data.test_files={zeros_shard}",
-                            "trainer.batch_size=4"],
-     "the labels (image/class/label) of every record are all 0: one class"),
+    ("tfrecord-one-class", ["data=tfrecord", "data.train_files={zeros}.tfrecord", "data.test_files={zeros}.tfrecord",
+                            "trainer.batch_size=4"], "the labels (image/class/label) of every record are all 0"),
     # ---- data in files: TFRecord shards and image folders (found by the launcher's scan, without TensorFlow;
     # what only streaming meets, a record at a time: tests/test_files.py) ----
     ("tfrecord-no-match", ["data=tfrecord", "data.train_files={tmp}/nothing-*", "data.test_files={shard}"],
@@ -341,11 +340,10 @@ def _data_files(tmp_path) -> dict:
     found = {"shard": shard, "not_tfrecord": tmp_path / "text.tfrecord", "cut": tmp_path / "cut.tfrecord",
              "no_classes": tmp_path / "no_classes", "empty_class": tmp_path / "empty_class",
              "differ": tmp_path / "differ", "sizes_differ": tmp_path / "sizes_differ", "no_test": tmp_path / "no_test"}
-    (found["zeros_shard"],) = tfrecords.write(np.zeros((8, 28, 28, 1), np.uint8), np.zeros(8, int), tmp_path / "zeros",
-                                              "train", 1)
-    found["zeros_npz"] = tmp_path / "zeros.npz"  # (labels of one class: all 0)
-    np.savez(found["zeros_npz"], x_train=np.zeros((8, 28, 28), np.uint8), y_train=np.zeros(8, np.uint8),
-             x_test=np.zeros((4, 28, 28), np.uint8), y_test=np.zeros(4, np.uint8))
+    found["zeros"] = tmp_path / "zeros"  # labels of one class (all 0), in zeros.npz and zeros.tfrecord
+    zeros = np.zeros((8, 28, 28, 1), np.uint8)
+    tfrecords.write(zeros, np.zeros(8, int), tmp_path, "zeros", 1)[0].rename(f"{found['zeros']}.tfrecord")
+    np.savez(f"{found['zeros']}.npz", x_train=zeros, y_train=np.zeros(8), x_test=zeros, y_test=np.zeros(8))
     found["not_tfrecord"].write_text("hello, not records\n" * 10)
     found["cut"].write_bytes(shard.read_bytes()[:500])
     found["other_keys"] = record_file(tmp_path / "keys.tfrecord", {

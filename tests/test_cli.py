@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, run_cli
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, Overdue, assert_nothing_left, run_cli
 from distrain import cpu
 from distrain.errors import print_error
 
@@ -54,6 +54,18 @@ def test_write_tfrecords_takes_the_flags_a_run_takes(tmp_path):
     # TensorFlow's start-up lines (oneDNN, CUDA probes) go to a log, as a run's go to logs/; this command's own
     # lines still reach the terminal (the bad input's line above, the control).
     assert not written.stderr.strip() and (tmp_path / "out" / "write-tfrecords.log").is_file(), written.stderr
+
+
+@pytest.mark.slow
+def test_a_run_in_the_tests_process_is_bounded_in_time(tmp_path):
+    """The harness's own bound (helpers.here): a run in this process past its time is stopped, its
+    tasks with it, and the test fails saying so."""
+    started = time.monotonic()
+    with pytest.raises(Overdue, match="took longer than 4 s; the end of what it printed"):
+        run_cli(tmp_path / "run", "data=synthetic", "trainer.epochs=1000", "trainer.verbose=2", timeout=4)
+    assert time.monotonic() - started < 4 + 30  # (the tasks' stop is bounded: supervisor.STOP_GRACE_SECONDS)
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] != "ok"
+    assert_nothing_left(tmp_path)
 
 
 def test_cfg_job_prints_a_valid_config_and_runs_nothing(tmp_path):
