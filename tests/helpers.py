@@ -164,22 +164,13 @@ def as_a_user(monkeypatch, cwd: Path, argv: list):
                     lg.level, lg.handlers[:], lg.propagate, lg.disabled = level, handlers, propagate, disabled
 
 
-def in_process(tmp_path, monkeypatch, capfd, args, env_extra=None):
-    """`python train.py ARGS` in this process: what main() prints, and its exit status. For bad input
-    that fails before any task starts, this checks what a process of its own would, in a tenth of the
-    time (no interpreter and imports to start)."""
-    monkeypatch.chdir(tmp_path)
-    # Hydra's logging set-up would replace this test's capture of the output (pytest's handlers): not here.
-    monkeypatch.setattr(sys, "argv", ["train.py", "hydra/job_logging=none", "hydra/hydra_logging=none", *args])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # main() adds the working directory
-    # (main() sets HYDRA_FULL_ERROR and DISTRAIN_STARTED in os.environ: set here, they are undone after.)
-    for name, value in {"HYDRA_FULL_ERROR": "0", "DISTRAIN_STARTED": str(time.time()),
-                        "KERAS_HOME": str(tmp_path / "keras_home"), **(env_extra or {})}.items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(SystemExit) as exited:
-        cli.main()
-    out = capfd.readouterr()
-    return exited.value.code, out.out, out.err
+def in_process(tmp_path: Path, args: list, env_extra=None) -> tuple[int, str, str]:
+    """`python train.py ARGS` in this process from tmp_path, Hydra's logging off: its exit status and what
+    it printed. For bad input that fails before any task starts, this checks what a process of its own
+    would, in a tenth of the time (no interpreter and imports to start)."""
+    done = _train(tmp_path, ["hydra/job_logging=none", "hydra/hydra_logging=none", *args], RUN_TIMEOUT, env_extra,
+                  process=False)
+    return done.returncode, done.stdout, done.stderr
 
 
 # Multi-process runs: start, wait, stop, and check that nothing is left behind.

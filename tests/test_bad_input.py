@@ -375,7 +375,7 @@ def _params():
 
 
 @pytest.mark.parametrize("case", list(_params()))
-def test_bad_input_is_one_error_line_with_a_fix(tmp_path, monkeypatch, capfd, case):
+def test_bad_input_is_one_error_line_with_a_fix(tmp_path, case):
     name, args, expected, *env = case
     args, names = _materialise(tmp_path, args)
     expected = re.sub(r"\{\w+\}", lambda m: names[m.group(0)], expected)
@@ -389,7 +389,7 @@ def test_bad_input_is_one_error_line_with_a_fix(tmp_path, monkeypatch, capfd, ca
                       env_extra=env_extra, process=name in AS_A_USER)
         code, stdout, stderr = out.returncode, out.stdout, out.stderr
     else:
-        code, stdout, stderr = in_process(tmp_path, monkeypatch, capfd, [
+        code, stdout, stderr = in_process(tmp_path, [
             *([f"hydra.run.dir={run_dir}"] if run_dir else []), *QUICK, *args], env_extra)
     seconds = time.monotonic() - started
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]

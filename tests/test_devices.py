@@ -6,9 +6,8 @@ from omegaconf import OmegaConf
 
 from distrain import cpu as cpu_lib
 from distrain import strategy as strategy_lib
-from distrain.config import check_devices_present
+from distrain.config import UNSHARDABLE, check_devices_present
 from distrain.errors import ConfigError
-from distrain.config import UNSHARDABLE
 from distrain.strategy import compute_devices, configure_devices, precision_policy
 
 GPU_BOX = ["/cpu:0", "/gpu:0", "/gpu:1"]

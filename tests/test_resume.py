@@ -196,7 +196,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     ("ok", ["trainer.batch_size=32"], "trainer.batch_size=32 contradicts the run being resumed, which has 64"),
     ("corrupt", [], "cannot be resumed"),
 ])
-def test_bad_resumes_are_one_line(tmp_path, monkeypatch, capfd, uninterrupted, setup, args, message):
+def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message):
     """(A directory with no run in it: the bad-input catalogue.) All but the corrupt checkpoint are found
     before any task starts, so they are checked in this process."""
     run_dir = tmp_path / "run"
@@ -211,8 +211,7 @@ def test_bad_resumes_are_one_line(tmp_path, monkeypatch, capfd, uninterrupted, s
         out = run_cli(run_dir, "trainer.resume=true", *args)
         code, text = out.returncode, out.stdout + out.stderr
     else:
-        code, stdout, stderr = in_process(tmp_path, monkeypatch, capfd, [f"hydra.run.dir={run_dir}",
-                                                                         "trainer.resume=true", *args])
+        code, stdout, stderr = in_process(tmp_path, [f"hydra.run.dir={run_dir}", "trainer.resume=true", *args])
         text = stdout + stderr
     assert code == 2, text[-2000:]
     assert message in text and "Traceback" not in text

@@ -16,7 +16,7 @@ import sys
 import pytest
 import yaml
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, finish, in_process, run_cli, sweep_cli, wait_until
+from helpers import ROOT, TRAIN_PY, assert_nothing_left, finish, in_process, run_cli, sweep_cli, wait_until
 from distrain import storage
 
 # Files written in place, not through storage.write_atomic, and why that is safe.
@@ -159,7 +159,7 @@ def test_a_rerun_sweep_keeps_its_finished_jobs_and_resumes_the_killed_one(tmp_pa
 
 
 @pytest.mark.parametrize("elsewhere", [True, False])
-def test_a_refused_run_names_the_latest_checkpoint_where_the_run_keeps_them(tmp_path, monkeypatch, capfd, elsewhere):
+def test_a_refused_run_names_the_latest_checkpoint_where_the_run_keeps_them(tmp_path, elsewhere):
     """A run directory whose run kept its checkpoints in trainer.checkpoint_dir: the line refusing a new
     run there names its latest checkpoint, read where its config.yaml says (rundir.RunDir). Control: the
     same run keeping them in the run directory, which holds none, names none."""
@@ -171,7 +171,7 @@ def test_a_refused_run_names_the_latest_checkpoint_where_the_run_keeps_them(tmp_
     (run_dir / "status.json").write_text(json.dumps({"status": "interrupted", "exit_status": 130}))
     (run_dir / "config.yaml").write_text(yaml.safe_dump(
         {"trainer": {"checkpoint_dir": str(checkpoints) if elsewhere else None, "save_model": True}}))
-    code, _, err = in_process(tmp_path, monkeypatch, capfd, [f"hydra.run.dir={run_dir}"])
+    code, _, err = in_process(tmp_path, [f"hydra.run.dir={run_dir}"])
     latest = "; its latest checkpoint is ckpt-200" if elsewhere else ""
     assert code == 2 and err.splitlines() == [
         f"error: hydra.run.dir={run_dir} holds a run already, which was interrupted{latest}: go on with it with "

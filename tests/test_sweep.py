@@ -45,8 +45,8 @@ def worker_sweep(tmp_path_factory):
     the global batch (trainer.lr_scaling=linear): run once, read by several tests."""
     sweep_dir = tmp_path_factory.mktemp("workers") / "sweep"
     out = sweep_cli(sweep_dir, "strategy=multi_worker_mirrored", "cluster.workers=1,2", *TINY,
-                   "trainer.batch_size='${distrain.mul:64,${cluster.workers}}'", "trainer.lr_scaling=linear",
-                   "trainer.reference_batch_size=64", process=True)  # (its first job starts a fork server)
+                    "trainer.batch_size='${distrain.mul:64,${cluster.workers}}'", "trainer.lr_scaling=linear",
+                    "trainer.reference_batch_size=64", process=True)  # (its first job starts a fork server)
     return sweep_dir, out
 
 
@@ -232,9 +232,9 @@ def ask(port: int, what: str, request: dict) -> dict:
 def test_joblib_runs_jobs_side_by_side_and_summarises_them(tmp_path):
     sweep_dir = tmp_path / "sweep"
     out = sweep_cli(sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                   "strategy=multi_worker_mirrored", "cluster.workers=1", "cluster.pin_workers=true",
-                   "cluster.threads_per_worker=1", "trainer.learning_rate=0.001,0.002", *TINY,
-                   process=True)  # (joblib's worker processes)
+                    "strategy=multi_worker_mirrored", "cluster.workers=1", "cluster.pin_workers=true",
+                    "cluster.threads_per_worker=1", "trainer.learning_rate=0.001,0.002", *TINY,
+                    process=True)  # (joblib's worker processes)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = read_csv(sweep_dir / "summary.csv")
     assert [(r["trainer.learning_rate"], r["status"]) for r in rows] == [("0.001", "ok"), ("0.002", "ok")]
@@ -260,8 +260,8 @@ def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_pat
         + ["write-tfrecords.log"]
     sweep_dir = tmp_path / "sweep"
     out = sweep_cli(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
-                   *(o for o in TINY if not o.startswith("data")), "data=tfrecord",
-                   f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*")
+                    *(o for o in TINY if not o.startswith("data")), "data=tfrecord",
+                    f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert all(json.loads((sweep_dir / str(n) / "results.json").read_text())["data_source"] == "tfrecord"
                for n in (0, 1))

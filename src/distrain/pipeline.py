@@ -6,7 +6,6 @@ does). data.py loads the arrays without TensorFlow.
 import glob
 import os
 import re
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
