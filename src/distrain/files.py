@@ -42,8 +42,6 @@ class FileData:
         return asdict(self)
 
 
-# ---- TFRecord files -------------------------------------------------------------------------------------
-
 def not_one_class(counted: int, where: str) -> int:
     """The classes counted from labels (one more than the largest), unless that is one: labels that are
     all 0 make a model of one output, which no class-index loss can train."""
@@ -52,6 +50,8 @@ def not_one_class(counted: int, where: str) -> int:
                           "data.num_classes=K (the classes there are), or check that the labels were read right")
     return counted
 
+
+# ---- TFRecord files -------------------------------------------------------------------------------------
 
 def tfrecord_lengths(path: Path):
     """The length of each record of a TFRecord file, from the record headers alone (each record is a
