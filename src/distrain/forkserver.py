@@ -27,10 +27,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .cpu import ONEDNN
 from .process import die_with_parent, exit_now
 
 READY_TIMEOUT = 60.0  # seconds for the server's imports, however loaded the machine
-_SHARED: dict = {}  # (module, what TensorFlow reads as it is imported) -> the server kept for the next run
+_SHARED: dict = {}  # (module, what TensorFlow reads as it is imported, wrap) -> the server kept for the next run
+IMPORT_TIME_ENV = (ONEDNN,)  # what TensorFlow reads from the environment as it is imported, once per server
 
 
 class ForkServer:
@@ -138,12 +140,12 @@ class ForkServer:
         self._reader.join(timeout=5)
 
 
-def shared(module: str, imported_with: dict, log_path: Path, wrap=None) -> ForkServer:
+def shared(module: str, log_path: Path, wrap=None) -> ForkServer:
     """The server of this process for runs of `module`, started by the first, kept for the next (until
-    this process exits) while the environment TensorFlow reads as it is imported (`imported_with`, e.g.
-    TF_ENABLE_ONEDNN_OPTS) and where the tasks run (`wrap`: a local cluster's network) stay the same.
-    The server's output goes to the first run's log_path."""
-    key = (module, tuple(sorted(imported_with.items())), wrap)
+    this process exits) while the environment TensorFlow reads as it is imported (IMPORT_TIME_ENV, as
+    this process has it now: the server inherits it) and where the tasks run (`wrap`: a local cluster's
+    network) stay the same. The server's output goes to the first run's log_path."""
+    key = (module, tuple(os.environ.get(name) for name in IMPORT_TIME_ENV), wrap)
     server = _SHARED.get(key)
     if server is None or server.reason:  # (one that died is replaced)
         if server is not None:

@@ -132,14 +132,13 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(run.config)]
 
-    onednn = cpu.onednn_env(cfg.trainer.onednn)
-    with environment(onednn), scratch_dir():  # (read by TensorFlow as each task starts)
+    with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir():  # (read by TensorFlow as each task starts)
         if not topology.clustered:  # (forked from this process's server: the next run starts sooner)
-            forks = forkserver.shared("distrain.task", onednn, run.log("forkserver"))
+            forks = forkserver.shared("distrain.task", run.log("forkserver"))
             return _finish(run_tasks([TaskProcess("train", argv, forks=forks)], run, job=job), run, config, job,
                            overrides)
         if topology.local:
-            return _finish(run_local_cluster(cfg, run, argv, onednn, job), run, config, job, overrides)
+            return _finish(run_local_cluster(cfg, run, argv, job), run, config, job, overrides)
         # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
         log.info("this process is task %s:%d of %s", task.type, task.index, spec)
         env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
@@ -200,9 +199,8 @@ def scratch_dir():
         yield path
 
 
-def run_local_cluster(cfg, run: RunDir, argv: list, onednn: dict, job: Job | None = None) -> Outcome:
-    """Every task of the cluster as a process on this machine, inside a private network if possible
-    (onednn: the environment its TensorFlow is imported with, cpu.onednn_env).
+def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> Outcome:
+    """Every task of the cluster as a process on this machine, inside a private network if possible.
 
     An essential task that dies restarts the whole cluster, which resumes from its latest checkpoint
     (every synchronous worker needs every other; the ps tasks hold the only copy of the variables); a
@@ -225,7 +223,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, onednn: dict, job: Job | Non
             log.warning("cluster.pin_workers: %s", cores.shared)
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
         # Started only now, so that a run refused above imports nothing; kept for this process's next run.
-        forks = forkserver.shared("distrain.task", onednn, run.log("forkserver"), net.wrap)
+        forks = forkserver.shared("distrain.task", run.log("forkserver"), net.wrap)
         while True:
             spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
             for task in tasks:  # after a restart of the cluster, each task's log goes on

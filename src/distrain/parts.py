@@ -11,7 +11,6 @@ batch on whichever worker is free (TensorFlow's ClusterCoordinator runs a functi
 its worker is lost, and the coordinator places each result by its batch)."""
 import io
 import json
-import os
 import shutil
 import sys
 import time
@@ -23,7 +22,6 @@ from omegaconf import OmegaConf
 from . import cluster as cluster_lib
 from . import forkserver, storage
 from .context import Topology
-from .cpu import ONEDNN
 from .errors import ConfigError, print_error
 from .launcher import scratch_dir
 from .protocol import error_line
@@ -89,8 +87,7 @@ class Cluster:
     def __enter__(self):
         c = self.cfg.cluster
         self.net = cluster_lib.PrivateNetwork.shared(enabled=c.isolate is not False)
-        self.forks = forkserver.shared("distrain.inference_task", {ONEDNN: os.environ.get(ONEDNN, "")},
-                                       self.where.log("forkserver"), self.net.wrap)
+        self.forks = forkserver.shared("distrain.inference_task", self.where.log("forkserver"), self.net.wrap)
         self._scratch = scratch_dir()
         self._scratch.__enter__()
         return self
