@@ -16,6 +16,7 @@ of their own, no normal interpreter exit, no output pipe, outside the cluster's 
 this one runs inside the namespace, so its children are too.
 """
 import atexit
+import gc
 import json
 import os
 import select
@@ -187,6 +188,10 @@ def serve(fd: int):
     sock = socket.socket(fileno=fd)
     from . import task, training  # noqa: F401 - TensorFlow, Keras and the training code, once for all tasks
 
+    # What is imported stays: out of the collector's sight, a task's full collections skip its 300,000
+    # objects (0.15 s of CPU each) and leave their pages shared with the server (Python's advice for a
+    # process that forks without exec).
+    gc.freeze()
     sock.send(b"ready")
     while True:
         readable = select.select([sock], [], [], 0.1)[0]
