@@ -184,6 +184,7 @@ class NotSummable(Exception):
 tf.register_tensor_conversion_function(_Growth, lambda growth, dtype=None, name=None, as_ref=False: growth.total)
 
 
+@tf.autograph.experimental.do_not_convert  # (no user code, no branch on a tensor: nothing to convert)
 def _state(metric) -> list:
     """The metric's state variables, as (attribute name, variable), in a fixed order."""
     return sorted((name, value) for name, value in vars(metric).items() if isinstance(value, tf.Variable))
