@@ -19,9 +19,6 @@ from .timesplit import shares
 # deleting a multi_worker_mirrored input iterator can wait 1.2 s for the peers (seen in 6 of 10 runs
 # with TensorBoard's scalars). A task's process ends without (task.main); so do the tests' (conftest.py).
 KEPT = []
-# The helpers of the step below that hold no user code and branch on no tensor: autograph's conversion of
-# them buys nothing and cost each task 0.1 s of CPU (measured).
-unconverted = tf.autograph.experimental.do_not_convert
 
 
 def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tally, timed: bool = True):
@@ -85,7 +82,10 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
     return train_steps
 
 
-@unconverted
+# The step's helpers below hold no user code and branch on no tensor: autograph's conversion of them bought
+# nothing and cost each task 0.1 s of CPU (measured). (What calls the user's model, loss or metrics stays
+# converted, as Keras's fit converts it.)
+@tf.autograph.experimental.do_not_convert
 def timed_update(optimizer, aggregator, grads, variables, remote: bool) -> tf.Tensor:
     """Apply the gradients, all-reduced across the replicas first as apply_gradients would do it
     (aggregator.aggregate_gradients), stamped: [seconds in the all-reduce (with the wait for the slowest
@@ -99,7 +99,7 @@ def timed_update(optimizer, aggregator, grads, variables, remote: bool) -> tf.Te
     return tf.stack([reduced - computed, done])
 
 
-@unconverted
+@tf.autograph.experimental.do_not_convert
 def stamp_after(structure) -> tf.Tensor:
     """A tf.timestamp() (seconds) taken once every tensor of `structure` is computed."""
     # (On identities of them: a control dependency on a nested tf.function's outputs waits only for its
@@ -109,7 +109,7 @@ def stamp_after(structure) -> tf.Tensor:
         return tf.timestamp()
 
 
-@unconverted
+@tf.autograph.experimental.do_not_convert
 def held_until(structure, stamp: tf.Tensor):
     """`structure`'s tensors, as identities that wait for `stamp`: what consumes them starts after it."""
     with tf.control_dependencies([stamp]):
