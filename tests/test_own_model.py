@@ -169,6 +169,65 @@ def test_a_user_model_is_the_same_training_under_default_and_mirrored(user_dir):
     assert max(np.abs(a - b).max() for a, b in zip(single.get_weights(), other.get_weights())) > 1e-3
 
 
+BRANCHING = '''
+import tensorflow as tf
+import tf_keras as keras
+
+# Each branches on a tensor with Python's `if`, which traces only as autograph converts it (Keras's fit
+# does); no branch changes a value.
+
+
+class Model(keras.Model):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.flat, self.out = keras.layers.Flatten(), keras.layers.Dense(num_classes)
+
+    def call(self, x, training=False):
+        logits = self.out(self.flat(x))
+        if tf.reduce_max(tf.abs(logits)) > 1e9:
+            logits = tf.clip_by_value(logits, -1e9, 1e9)
+        return logits
+
+
+def model(input_shape, num_classes):
+    return Model(num_classes)
+
+
+class Loss(keras.losses.Loss):
+    def call(self, y_true, y_pred):
+        loss = keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+        if tf.reduce_min(loss) < 0.0:
+            loss = tf.abs(loss)
+        return loss
+
+
+class Accuracy(keras.metrics.SparseCategoricalAccuracy):
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if tf.reduce_min(y_true) < 0:
+            y_true = tf.abs(y_true)
+        return keras.metrics.SparseCategoricalAccuracy.update_state(self, y_true, y_pred, sample_weight)
+'''
+
+
+@pytest.mark.slow
+def test_a_users_model_loss_and_metric_that_branch_on_tensors_train_as_under_fit(user_dir):
+    """Autograph converts what the user brings (their model's call, loss, metric), as Keras's fit does,
+    though distrain's own step is not converted."""
+    (user_dir / "branching.py").write_text(BRANCHING)
+    results, _ = train(config(*NPZ, "model._target_=branching.model", "loss._target_=branching.Loss",
+                              "+metrics.mine={_target_: branching.Accuracy}", "trainer.mixed_precision=false"),
+                       user_dir / "run")
+    assert results["test_mine"] == pytest.approx(results["test_accuracy"]) and results["test_accuracy"] > 0.5
+    # Control: unconverted, each of them fails to trace.
+    import branching
+
+    labels, images = tf.constant([0, 1]), tf.zeros([2, 16, 16, 3])
+    for unconverted in (lambda: branching.Model(5)(images), lambda: branching.Loss()(labels, tf.zeros([2, 5])),
+                        lambda: branching.Accuracy().update_state(labels, tf.zeros([2, 5]))):
+        with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+            tf.function(unconverted, autograph=False)()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("builder", ["softmax_cnn", "subclassed"])
 def test_a_softmax_output_is_trained_and_reported_as_probabilities(user_dir, builder):

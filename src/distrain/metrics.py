@@ -210,11 +210,14 @@ class Tally:
         """metrics: make_metrics(); labels, outputs: a sample batch, to build each metric and check that
         it can be summed (a ConfigError names one that cannot)."""
         self.metrics = metrics
+        # Autograph converts the metrics' own code (a user's metric may branch on tensors), as Keras's fit
+        # does; the training step that calls `add` is not converted (runners.make_train_steps).
+        self.growth = tf.autograph.to_graph(growth)
         for name, metric in metrics.items():
             try:
                 metric.update_state(labels, outputs)  # builds a metric that makes its variables lazily
                 metric.reset_state()
-                tf.function(lambda y, p, m=metric: growth(m, y, p))(labels, outputs)
+                tf.function(lambda y, p, m=metric: self.growth(m, y, p), autograph=False)(labels, outputs)
             except NotSummable:
                 raise ConfigError(f"metrics.{name} ({type(metric).__name__}) keeps a state that is not a sum, which "
                                   "cannot be added up across replicas and workers: use another metric") from None
@@ -230,7 +233,7 @@ class Tally:
         """A batch's sums, one vector (float32)."""
         parts = [tf.reshape(tf.reduce_sum(tf.cast(losses, tf.float32)), [1])]
         for metric in self.metrics.values():
-            parts += [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in growth(metric, labels, outputs)]
+            parts += [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in self.growth(metric, labels, outputs)]
         parts.append(tf.reshape(tf.cast(tf.shape(labels)[0], tf.float32), [1]))
         return tf.concat(parts, 0)
 
