@@ -28,28 +28,7 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
     synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks.
     timed: stamp the steps for the time split (timesplit.py); else their clocks are zeros."""
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
-    # Autograph converts what the user brings, as Keras's fit does: the model's and the loss's calls here
-    # (tf_keras converts a subclassed layer's or loss's own code within), the metrics' in the tally. The
-    # steps themselves are TensorFlow's ops, branching on Python values only: converting them too cost
-    # each task 0.2 s of CPU (measured).
-    forward = tf.autograph.to_graph(_forward)
-
-    @tf.function(jit_compile=jit_compile, autograph=False)
-    def gradients(images, labels):
-        """Forward and backward pass; XLA compiles this part only, never the cross-worker all-reduce."""
-        with tf.GradientTape() as tape:
-            logits, losses = forward(model, loss_fn, images, labels)
-            loss = tf.nn.compute_average_loss(losses)  # over the global batch: replica gradients sum to the mean
-            if model.losses:  # the layers' penalties (kernel_regularizer, add_loss), as fit adds them
-                penalty = tf.add_n([tf.cast(x, tf.float32) for x in model.losses])
-                loss += tf.nn.scale_regularization_loss(penalty)
-                losses = tf.cast(losses, tf.float32) + penalty  # reported as fit reports it: with the penalty
-            if scaled:
-                loss = optimizer.get_scaled_loss(loss)
-        grads = tape.gradient(loss, model.trainable_variables)
-        if scaled:
-            grads = optimizer.get_unscaled_gradients(grads)
-        return grads, losses, tf.cast(logits, tf.float32)
+    gradients = make_gradients(model, optimizer, loss_fn, jit_compile, scaled)
 
     remote = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)  # variables on ps tasks
     aggregator = optimizer.inner_optimizer if scaled else optimizer  # (as the loss-scaling one aggregates)
@@ -90,16 +69,39 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
     return train_steps
 
 
+def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool):
+    """A tf.function of a replica's forward and backward pass: (gradients, each example's loss, float32
+    outputs); XLA compiles this part only, never the cross-worker all-reduce."""
+    # Autograph converts what the user brings, as Keras's fit does: the model's and the loss's calls here
+    # (tf_keras converts a subclassed layer's or loss's own code within), the metrics' in the tally. The
+    # steps and their helpers here are TensorFlow's ops, branching on Python values only: converting them
+    # too cost each task 0.25 s of CPU (measured).
+    forward = tf.autograph.to_graph(_forward)
+
+    @tf.function(jit_compile=jit_compile, autograph=False)
+    def gradients(images, labels):
+        with tf.GradientTape() as tape:
+            logits, losses = forward(model, loss_fn, images, labels)
+            loss = tf.nn.compute_average_loss(losses)  # over the global batch: replica gradients sum to the mean
+            if model.losses:  # the layers' penalties (kernel_regularizer, add_loss), as fit adds them
+                penalty = tf.add_n([tf.cast(x, tf.float32) for x in model.losses])
+                loss += tf.nn.scale_regularization_loss(penalty)
+                losses = tf.cast(losses, tf.float32) + penalty  # reported as fit reports it: with the penalty
+            if scaled:
+                loss = optimizer.get_scaled_loss(loss)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+        return grads, losses, tf.cast(logits, tf.float32)
+    return gradients
+
+
 def _forward(model, loss_fn, images, labels):
     """The user's model and loss on a batch: what autograph converts in a step (make_train_steps)."""
     logits = model(images, training=True)
     return logits, loss_fn(labels, logits)
 
 
-# The step's helpers below hold no user code and branch on no tensor: autograph's conversion of them bought
-# nothing and cost each task 0.1 s of CPU (measured). (What calls the user's model, loss or metrics stays
-# converted, as Keras's fit converts it.)
-@tf.autograph.experimental.do_not_convert
 def timed_update(optimizer, aggregator, grads, variables, remote: bool) -> tf.Tensor:
     """Apply the gradients, all-reduced across the replicas first as apply_gradients would do it
     (aggregator.aggregate_gradients), stamped: [seconds in the all-reduce (with the wait for the slowest
@@ -113,7 +115,6 @@ def timed_update(optimizer, aggregator, grads, variables, remote: bool) -> tf.Te
     return tf.stack([reduced - computed, done])
 
 
-@tf.autograph.experimental.do_not_convert
 def stamp_after(structure) -> tf.Tensor:
     """A tf.timestamp() (seconds) taken once every tensor of `structure` is computed."""
     # (On identities of them: a control dependency on a nested tf.function's outputs waits only for its
@@ -123,7 +124,6 @@ def stamp_after(structure) -> tf.Tensor:
         return tf.timestamp()
 
 
-@tf.autograph.experimental.do_not_convert
 def held_until(structure, stamp: tf.Tensor):
     """`structure`'s tensors, as identities that wait for `stamp`: what consumes them starts after it."""
     with tf.control_dependencies([stamp]):
