@@ -28,6 +28,13 @@ def tiny(input_shape, num_classes, width=16):
                             name="tiny")
 
 
+def normalised(input_shape, num_classes, width=16):
+    """Batch normalisation: statistics each replica keeps for itself, read across the replicas."""
+    return keras.Sequential([keras.Input(shape=input_shape), keras.layers.Flatten(), keras.layers.Dense(width),
+                             keras.layers.BatchNormalization(), keras.layers.ReLU(), keras.layers.Dense(num_classes)],
+                            name="normalised")
+
+
 def softmax_cnn(input_shape, num_classes, width=8):
     return keras.Sequential([keras.Input(shape=input_shape), keras.layers.Conv2D(width, 3, activation="relu"),
                              keras.layers.Flatten(), keras.layers.Dense(num_classes, activation="softmax")])
@@ -358,6 +365,28 @@ def test_a_user_model_and_loader_train_on_parameter_servers(user_dir):
                   "trainer.epochs=2")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     check_user_run(user_dir / "run")
+    assert_nothing_left(user_dir)
+
+
+@pytest.mark.slow
+def test_a_multi_worker_run_saves_the_trained_model_once(user_dir):
+    """The chief alone saves the SavedModel, from a copy of the trained model built outside the strategy
+    (saving the replicated model would take every worker); batch normalisation's statistics, which
+    each replica keeps for itself, are read across the workers into it: it holds what the last
+    checkpoint holds."""
+    out = run_cli(user_dir / "run", *USER, "model._target_=usermodels.normalised", "strategy=multi_worker_mirrored",
+                  "cluster.workers=2", "trainer.epochs=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    saved = keras.models.load_model(user_dir / "run" / "saved_model")  # as plain Keras loads it
+    from usermodels import normalised
+    trained, fresh = normalised((12, 12, 1), 4), normalised((12, 12, 1), 4)
+    tf.train.Checkpoint(model=trained).restore(tf.train.latest_checkpoint(user_dir / "run" / "checkpoints")) \
+        .expect_partial()
+    moving_mean = [i for i, w in enumerate(trained.weights) if "moving_mean" in w.name]
+    differences = [np.abs(a - b).max() for a, b in zip(saved.get_weights(), trained.get_weights())]
+    assert len(differences) == len(trained.weights) == 8 and max(differences) == 0, differences
+    # Control: a model of the builder's own (its statistics still zero) differs, there too.
+    assert np.abs(saved.get_weights()[moving_mean[0]] - fresh.get_weights()[moving_mean[0]]).max() > 0.01
     assert_nothing_left(user_dir)
 
 

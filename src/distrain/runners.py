@@ -194,9 +194,19 @@ class SyncEpochs:
         return {"epoch_learning_rate": learning_rate(self.optimizer)}
 
     def finish(self, model, rebuild) -> tuple:
-        """The trained model and its optimizer, to evaluate and save in this process: these."""
+        """The trained model and its optimizer, to evaluate in this process: these."""
         self.position.done()
         return model, self.optimizer
+
+    def to_save(self, model, optimizer, rebuild, chief: bool) -> tuple | None:
+        """What the chief saves as the SavedModel (None elsewhere): the trained model, or where it spans
+        several workers a copy built here (saving the replicated model would take every worker, each
+        tracing and writing a SavedModel that only the chief keeps). Every worker reads the weights: a
+        variable each replica keeps for itself (batch normalisation's statistics) is read with an all-reduce."""
+        if self.workers == 1:
+            return model, optimizer
+        weights = whole_weights(model)
+        return local_copy(weights, rebuild) if chief else None
 
     def describe(self, batch_size: int) -> dict:
         replicas = self.strategy.num_replicas_in_sync
@@ -314,9 +324,11 @@ class AsyncEpochs:
         them), to evaluate and save: the trained variables live on the ps tasks."""
         self.heartbeat.stop()
         self.position.done()
-        local, optimizer = rebuild()
-        local.set_weights(whole_weights(model))
-        return local, optimizer
+        return local_copy(whole_weights(model), rebuild)
+
+    def to_save(self, model, optimizer, rebuild, chief: bool) -> tuple:
+        """What the coordinator saves as the SavedModel: the copy finish() made."""
+        return model, optimizer
 
     def describe(self, batch_size: int) -> dict:
         workers, ps = self.workers, self.ps
@@ -327,6 +339,14 @@ class AsyncEpochs:
                 "seconds_to_first_step": seconds_since_start(self.first_step_at),
                 "worker_steps": {str(i): n for i, n in enumerate(self.worker_steps)}}
 
+
+
+def local_copy(weights: list, rebuild) -> tuple:
+    """A model built in this process outside the strategy, holding these weights, and a fresh optimizer
+    (rebuild() builds both)."""
+    model, optimizer = rebuild()
+    model.set_weights(weights)
+    return model, optimizer
 
 
 def whole_weights(model) -> list:

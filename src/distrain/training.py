@@ -62,8 +62,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         model, optimizer, probabilities, line = build(cfg, data, policy)
     if t.verbose and chief:
         print(line, flush=True)
-    # Every worker of a synchronous cluster must save (saving reads replicated variables together),
-    # but only the chief's copy is kept.
+    # Every worker of a synchronous cluster must checkpoint (saving reads replicated variables together),
+    # but only the chief's checkpoints are kept.
     out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
     saves = Checkpoints(model, optimizer, out.checkpoints, t.keep_checkpoints) if t.save_model else None
     progress = resume(saves or Checkpoints(model, optimizer, out.path), run.checkpoints, data.steps) \
@@ -84,11 +84,12 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     timed = chief and t.time_split
     rate, cpu = read_alone(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else (None, None)
     model, optimizer = runner.finish(model, rebuild)
-    compile_model(model, optimizer, cfg, probabilities)  # for evaluate(), and so that the SavedModel can train on
+    compile_model(model, optimizer, cfg, probabilities)  # for evaluate()
     test = evaluate(model, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
-    if t.save_model:
-        compile_model(model, optimizer, cfg, probabilities, plain=True)  # loads without distrain
-        save_model(model, out.saved_model, data.class_names, include_optimizer=plain_keras(optimizer))
+    saved = runner.to_save(model, optimizer, rebuild, chief) if t.save_model else None
+    if saved:
+        compile_model(*saved, cfg, probabilities, plain=True)  # loads without distrain, and trains on
+        save_model(saved[0], run.saved_model, data.class_names, include_optimizer=plain_keras(saved[1]))
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
     facts = runner.describe(t.batch_size) | about(model, probabilities, policy) | {"input_examples_per_sec": rate,
