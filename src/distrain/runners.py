@@ -340,7 +340,6 @@ class AsyncEpochs:
                 "worker_steps": {str(i): n for i, n in enumerate(self.worker_steps)}}
 
 
-
 def local_copy(weights: list, rebuild) -> tuple:
     """A model built in this process outside the strategy, holding these weights, and a fresh optimizer
     (rebuild() builds both)."""
