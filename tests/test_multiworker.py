@@ -239,7 +239,9 @@ def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, sa
         wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
         asked = subprocess.run([sys.executable, str(TRAIN_PY), "stacks", str(run_dir)], capture_output=True, text=True,
                                timeout=30)
-        peak_then = memory.resident_mib(task_state(run_dir, trains)["pid"])[0]
+        seen = memory.resident_mib(task_state(run_dir, trains)["pid"])
+        assert seen, f"{trains} gone after distrain stacks: {task_state(run_dir, trains)}\n{log.read_text()[-3000:]}"
+        peak_then = seen[0]
         kill_task(run_dir, "worker-1", signal.SIGSTOP)  # alive, but it never answers again
         hung = time.monotonic()
         out = finish(proc)
@@ -258,7 +260,9 @@ def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, sa
     assert stalled and re.search(waits, stalled.group(0)), out[-3000:]
     assert "Python stacks at" in log.read_text() and "(no answer" in (run_dir / "logs" / "worker-1.log").read_text()
     peaks = {t["name"]: t["peak_rss_mib"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
-    assert peak_then - 0.1 <= peaks[trains] < 2 * peak_then  # the kernel's figure (to 0.1 MiB), looked at while it ran
+    # The kernel's figure, looked at while it ran: its peak (VmHWM) may read a little lower later (its counts
+    # are summed per CPU, lazily, and not every unmapping updates the peak).
+    assert 0.98 * peak_then <= peaks[trains] < 2 * peak_then
     assert_nothing_left(run_dir)
 
 
