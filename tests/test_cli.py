@@ -226,3 +226,68 @@ def test_the_wheel_runs_from_any_directory(tmp_path):
         f"error: in {project / 'conf' / 'experiment' / 'typo.yaml'}: trainer.epochz is not a key of trainer: "
         "set e.g. trainer.epochs=12"], bad.stderr
     assert_nothing_left(project)
+
+
+COUNTED_TASK = '''"""A task that says what autograph converted in it (its own cache's misses), then the user's model."""
+import tensorflow as tf
+import tf_keras as keras
+from tensorflow.python.autograph.pyct import transpiler
+
+made = []
+convert = transpiler.GenericTranspiler.transform_function  # (called on a miss of autograph's cache)
+
+
+def counted(self, function, context):
+    made.append(function.__qualname__)
+    return convert(self, function, context)
+
+
+class Mine(keras.Model):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.flat, self.out = keras.layers.Flatten(), keras.layers.Dense(num_classes)
+
+    def call(self, x):
+        return self.out(self.flat(x))
+
+
+def mine(input_shape, num_classes, **_):  # (and the cnn preset's other keys)
+    return Mine(num_classes)
+
+
+def main(argv):
+    from distrain import task
+
+    transpiler.GenericTranspiler.transform_function = counted
+    code = task.main(argv)
+    print("converted:", ",".join(made), flush=True)
+    return code
+'''
+
+
+def test_a_forked_task_converts_nothing_its_fork_server_converted_ahead(tmp_path, monkeypatch):
+    """Autograph's conversions that every task makes (Keras's evaluate, the training step's, the
+    SavedModel's) are made once in the fork server: a task forked from it makes none of them again. The
+    control: the user's own model's call is converted in the task, and counted."""
+    from omegaconf import OmegaConf
+    from distrain.forkserver import ForkServer
+    from helpers import small
+
+    (tmp_path / "counted.py").write_text(COUNTED_TASK)
+    monkeypatch.chdir(tmp_path)  # (the task imports its module and the model from its directory)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # (autograph's files, as a run's scratch directory holds them)
+    run = tmp_path / "run"
+    run.mkdir()
+    OmegaConf.save(small("model._target_=counted.mine", "trainer.save_model=true", "trainer.steps_per_epoch=2"),
+                   run / "config.yaml")
+    with ForkServer("counted", tmp_path / "forkserver.log", module="counted") as forks:
+        child = forks.spawn(dict(os.environ), None, str(run / "config.yaml"))
+        out = child.stdout.read().decode()
+        assert child.wait(timeout=RUN_TIMEOUT) == 0, out[-3000:]
+    converted = re.search(r"^converted: (.*)$", out, re.M).group(1).split(",")
+    assert "Mine.call" in converted, converted  # the control: a conversion in the task is counted
+    ahead = ["_forward", "growth", "Model.make_test_function.<locals>.test_function", "Float32.call",
+             "Float32Metric.update_state", "Float32Metric.result", "trace_model_call.<locals>._wrapped_model",
+             "canonicalize_signatures.<locals>.signature_wrapper"]
+    assert not set(ahead) & set(converted), converted
+    assert (run / "saved_model" / "saved_model.pb").exists()

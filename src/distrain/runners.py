@@ -259,7 +259,7 @@ class AsyncEpochs:
         # launcher watches this heartbeat instead.
         self.heartbeat, self.position, self.step_base = Heartbeat(), Position(), 0
 
-        @tf.function
+        @tf.function(autograph=False)  # (TensorFlow's ops only: the user's code is converted in train_steps)
         def scheduled(iterator, steps):
             return tf.distribute.coordinator.experimental_get_current_worker_index(), train_steps(iterator, steps)
         self.scheduled = scheduled
