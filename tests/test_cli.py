@@ -280,8 +280,8 @@ def test_a_forked_task_converts_nothing_its_fork_server_converted_ahead(tmp_path
     run.mkdir()
     OmegaConf.save(small("model._target_=counted.mine", "trainer.save_model=true", "trainer.steps_per_epoch=2"),
                    run / "config.yaml")
-    with ForkServer("counted", tmp_path / "forkserver.log", module="counted") as forks:
-        child = forks.spawn(dict(os.environ), None, str(run / "config.yaml"))
+    with ForkServer("counted", tmp_path / "forkserver.log") as forks:
+        child = forks.spawn([sys.executable, "-m", "counted", str(run / "config.yaml")], dict(os.environ), None)
         out = child.stdout.read().decode()
         assert child.wait(timeout=RUN_TIMEOUT) == 0, out[-3000:]
     converted = re.search(r"^converted: (.*)$", out, re.M).group(1).split(",")

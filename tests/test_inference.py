@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from distrain import data, inference, parts, tfrecords
+from distrain import cluster, data, forkserver, inference, parts, tfrecords
 from helpers import TRAIN_PY, alive, make_cfg, task_pids, task_state, wait_until
 
 pytestmark = pytest.mark.slow  # a trained run, and TensorFlow in this process
@@ -255,10 +255,13 @@ def test_evaluate_under_parameter_servers_gives_keras_figures(trained, tmp_path)
     run, pixels, x, y = trained
     tfrecords.write(pixels, y, tmp_path, "test", 2)
     tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
+    # The fork server a local cluster's run in this process has (its network's): evaluate's tasks come from it.
+    forks = forkserver.shared(tmp_path / "forkserver.log", cluster.PrivateNetwork.shared().wrap)
     assert use("evaluate", run, "data=tfrecord", f"data.train_files={tmp_path}/train-*",  # (in this process)
                f"data.test_files={tmp_path}/test-*", "strategy=parameter_server", "cluster.workers=2",
                "trainer.batch_size=16", "part_size=16", "name=ps") == 0
     where = run / "evaluations" / "evaluate"
+    assert not (where / "logs" / "forkserver.log").exists() and forks.proc.poll() is None  # (no server of its own)
     found = json.loads((run / "evaluations" / "ps.json").read_text())
     loss, accuracy = plain_model(run).evaluate(x, y, batch_size=16, verbose=0)
     assert found["examples"] == 2000 and found["strategy"] == "parameter_server" and found["workers"] == 2

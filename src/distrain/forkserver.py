@@ -3,13 +3,13 @@
 Importing TensorFlow takes a task about 3.5 s of CPU before it does anything: a cluster of 4 tasks
 on 2 cores spends 7 s of its start-up there, and every restarted task again. The fork server
 imports it once per run, then forks a task in milliseconds: each child becomes the task process
-`python -m distrain.task CONFIG` (or the module it is given: distrain.inference_task) would be (its own
+`python -m distrain.task CONFIG` (or distrain.inference_task: the module its command names) would be (its own
 process group, environment, output pipe, cores), with a clean TensorFlow (no device, no server, no
 thread started before the fork).
 
 A process that runs several runs in turn (a sweep's jobs under the basic launcher, a script calling
-distrain) keeps one server for all of them (`shared`), one-task runs and local clusters alike: the
-first run imports TensorFlow, the next ones' tasks start at once.
+distrain) keeps one server for all of them (`shared`), one-task runs and local clusters alike, and
+evaluate's and predict's tasks too: the first run imports TensorFlow, the next ones' tasks start at once.
 
 Python's multiprocessing has a fork server too, but its children are not such processes (no session
 of their own, no normal interpreter exit, no output pipe, outside the cluster's network namespace);
@@ -33,19 +33,19 @@ from .cpu import ONEDNN
 from .process import die_with_parent, exit_now
 
 READY_TIMEOUT = 60.0  # seconds for the server's imports, however loaded the machine
-_SHARED: dict = {}  # (module, what TensorFlow reads as it is imported, wrap) -> the server kept for the next run
+_SHARED: dict = {}  # (what TensorFlow reads as it is imported, wrap) -> the server kept for the next run
 IMPORT_TIME_ENV = (ONEDNN,)  # what TensorFlow reads from the environment as it is imported, once per server
 
 
 class ForkServer:
-    """A fork server: `spawn()` starts a task of the run whose config it is given. `label` names the
-    server in `ps` (a run's config, or "(shared)").
+    """A fork server: `spawn()` starts a task as its command (python -m MODULE CONFIG) would. `label`
+    names the server in `ps` (a run's config, or "(shared)").
 
     `wrap(argv)` runs the server where the tasks must run (PrivateNetwork.wrap). If the server
     cannot start, `available` is False, and `reason` says why: tasks then start the usual way."""
 
-    def __init__(self, label: str, log_path: Path, wrap=lambda argv: argv, module: str = "distrain.task"):
-        self.label, self.log_path, self.wrap, self.module = str(label), log_path, wrap, module
+    def __init__(self, label: str, log_path: Path, wrap=lambda argv: argv):
+        self.label, self.log_path, self.wrap = str(label), log_path, wrap
         self.available, self.reason, self.proc = False, "", None
         self._children, self._exited, self._replies, self._lock = {}, {}, [], threading.Lock()
         self._replied = threading.Condition(self._lock)
@@ -57,8 +57,7 @@ class ForkServer:
             # One BLAS thread: the server must hold no thread when it forks (numpy's BLAS starts some).
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
             self.proc = subprocess.Popen(
-                self.wrap([sys.executable, "-m", "distrain.forkserver", self.label, str(theirs.fileno()),
-                           self.module]), env=env,
+                self.wrap([sys.executable, "-m", "distrain.forkserver", self.label, str(theirs.fileno())]), env=env,
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -100,13 +99,15 @@ class ForkServer:
                 self.reason = f"not ready within {READY_TIMEOUT:g} s"
             return self.available
 
-    def spawn(self, env: dict, cores, config: str) -> "Child":
-        """A task process of the run whose config is `config`, with this environment (the whole of it),
-        CPU affinity and this process's working directory."""
+    def spawn(self, argv: list, env: dict, cores) -> "Child":
+        """The task process `argv` (... python -m MODULE CONFIG, perhaps wrapped: the server runs where the
+        tasks do) would start, with this environment (the whole of it), CPU affinity and this process's
+        working directory."""
         if not self.wait_ready():
             raise OSError(f"no fork server: {self.reason}")
+        *_, module, config = argv
         out, theirs = os.pipe()
-        request = {"env": env, "cores": sorted(cores) if cores else None, "cwd": os.getcwd(),
+        request = {"env": env, "cores": sorted(cores) if cores else None, "cwd": os.getcwd(), "module": module,
                    "config": str(config)}
         try:
             with self._lock:
@@ -142,17 +143,17 @@ class ForkServer:
         self._reader.join(timeout=5)
 
 
-def shared(module: str, log_path: Path, wrap=None) -> ForkServer:
-    """The server of this process for runs of `module`, started by the first, kept for the next (until
-    this process exits) while the environment TensorFlow reads as it is imported (IMPORT_TIME_ENV, as
-    this process has it now: the server inherits it) and where the tasks run (`wrap`: a local cluster's
-    network) stay the same. The server's output goes to the first run's log_path."""
-    key = (module, tuple(os.environ.get(name) for name in IMPORT_TIME_ENV), wrap)
+def shared(log_path: Path, wrap=None) -> ForkServer:
+    """The server of this process, started by its first run (or evaluate, predict), kept for the next
+    (until this process exits) while the environment TensorFlow reads as it is imported (IMPORT_TIME_ENV,
+    as this process has it now: the server inherits it) and where the tasks run (`wrap`: a local
+    cluster's network) stay the same. The server's output goes to the first run's log_path."""
+    key = (tuple(os.environ.get(name) for name in IMPORT_TIME_ENV), wrap)
     server = _SHARED.get(key)
     if server is None or server.reason:  # (one that died is replaced)
         if server is not None:
             server.__exit__()
-        server = _SHARED[key] = ForkServer("(shared)", log_path, wrap or (lambda argv: argv), module).__enter__()
+        server = _SHARED[key] = ForkServer("(shared)", log_path, wrap or (lambda argv: argv)).__enter__()
         if len(_SHARED) == 1:
             atexit.register(_close_shared)
     return server
@@ -275,14 +276,14 @@ def _own_group(pid: int) -> None:
         pass
 
 
-def become_task(module: str, request: dict, out: int) -> int:
+def become_task(request: dict, out: int) -> int:
     """In a forked child: turn into the task process the launcher asked for (`python -m MODULE CONFIG`,
     run from the launcher's directory), and run it."""
     import setproctitle
 
     # What `ps` and `pgrep -f CONFIG` show, as for a task started by exec (before the environment changes:
     # setproctitle moves it out of the way of the longer command line).
-    setproctitle.setproctitle(f"{sys.executable} -m {module} {request['config']}")
+    setproctitle.setproctitle(f"{sys.executable} -m {request['module']} {request['config']}")
     _own_group(0)  # the launcher signals the task as a whole (the server has no terminal to share)
     die_with_parent()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -300,12 +301,12 @@ def become_task(module: str, request: dict, out: int) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import importlib
 
-    return importlib.import_module(module).main([request["config"]])
+    return importlib.import_module(request["module"]).main([request["config"]])
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when tasks stop
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before a task can answer it (stacks.py)
-    # Its command line names its label (a run's config: `ps` tells the runs apart), its socket and module.
+    # Its command line names its label (a run's config: `ps` tells the runs apart) and its socket.
     forked = serve(int(sys.argv[2]))
-    exit_now(become_task(sys.argv[3], *forked) if forked else 0)  # the server too: it has nothing to save
+    exit_now(become_task(*forked) if forked else 0)  # the server too: it has nothing to save

@@ -134,7 +134,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
 
     with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir():  # (read by TensorFlow as each task starts)
         if not topology.clustered:  # (forked from this process's server: the next run starts sooner)
-            forks = forkserver.shared("distrain.task", run.log("forkserver"))
+            forks = forkserver.shared(run.log("forkserver"))
             return _finish(run_tasks([TaskProcess("train", argv, forks=forks)], run, job=job), run, config, job,
                            overrides)
         if topology.local:
@@ -223,7 +223,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
             log.warning("cluster.pin_workers: %s", cores.shared)
         network = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
         # Started only now, so that a run refused above imports nothing; kept for this process's next run.
-        forks = forkserver.shared("distrain.task", run.log("forkserver"), net.wrap)
+        forks = forkserver.shared(run.log("forkserver"), net.wrap)
         while True:
             spec, tasks = _cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks)
             for task in tasks:  # after a restart of the cluster, each task's log goes on

@@ -87,7 +87,7 @@ class Cluster:
     def __enter__(self):
         c = self.cfg.cluster
         self.net = cluster_lib.PrivateNetwork.shared(enabled=c.isolate is not False)
-        self.forks = forkserver.shared("distrain.inference_task", self.where.log("forkserver"), self.net.wrap)
+        self.forks = forkserver.shared(self.where.log("forkserver"), self.net.wrap)
         self._scratch = scratch_dir()
         self._scratch.__enter__()
         return self

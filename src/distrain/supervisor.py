@@ -126,7 +126,7 @@ class TaskProcess:
         self.proc = None
         if self.forks and self.forks.reason == "":
             try:
-                self.proc = self.forks.spawn(env, self.cores, self.argv[-1])  # (argv: ... CONFIG)
+                self.proc = self.forks.spawn(self.argv, env, self.cores)
             except OSError as exc:
                 log.warning("tasks start without TensorFlow imported in advance (%s; its log: %s)", exc,
                             self.forks.log_path)
