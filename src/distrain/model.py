@@ -130,3 +130,22 @@ def compile_model(model: keras.Model, optimizer, cfg, probabilities: bool = Fals
         steps_per_execution=cfg.trainer.steps_per_execution,
         jit_compile=False,  # evaluation only: XLA cannot compile its metric all-reduces on CPUs
     )
+
+
+def rebuilt_from_config(model: keras.Model) -> bool:
+    """Whether plain Keras rebuilds the model from its config alone: a Sequential or functional model of
+    Keras's own objects (layers, activations, initializers, regularizers, ...; nothing of the user's,
+    registered or not, and no Lambda). Its SavedModel then needs no traced function per layer, which a
+    model with code of the user's needs to load without that code."""
+    def keras_own(node) -> bool:
+        if isinstance(node, dict):
+            module = node.get("module")
+            return (module is None or str(module).startswith("keras")) and all(map(keras_own, node.values()))
+        return all(map(keras_own, node)) if isinstance(node, (list, tuple)) else True
+
+    if not getattr(model, "_is_graph_network", False):  # (a subclassed model's config is its own)
+        return False
+    try:
+        return keras_own(model.get_config())
+    except Exception:  # noqa: BLE001 - a config Keras cannot give: the traces then
+        return False
