@@ -488,6 +488,14 @@ def doubled_relu(x):  # an activation of the user's, not registered with Keras
     return 2.0 * tf.nn.relu(x)
 
 
+class Doubled(keras.layers.Layer):  # a layer of the user's, not registered either
+    def call(self, x):
+        return 2.0 * x
+
+
+InScript = type("InScript", (Doubled,), {"__module__": "__main__"})  # one a script defines: Keras names no module
+
+
 def traced_functions(saved_model) -> list:
     """The names of the functions a SavedModel holds that trace a layer's call."""
     from tensorflow.core.protobuf import saved_model_pb2
@@ -497,20 +505,23 @@ def traced_functions(saved_model) -> list:
             if "call_and_return_conditional_losses" in f.signature.name]
 
 
-@pytest.mark.parametrize("activation, traced", [("relu", False), (doubled_relu, True)])
-def test_a_saved_model_holds_traces_where_plain_keras_needs_them(tmp_path, activation, traced):
+@pytest.mark.parametrize("activation, layer, traced", [("relu", keras.layers.ReLU, False),
+                                                       (doubled_relu, keras.layers.ReLU, True),
+                                                       ("relu", Doubled, True), ("relu", InScript, True)])
+def test_a_saved_model_holds_traces_where_plain_keras_needs_them(tmp_path, activation, layer, traced):
     """Keras's own layers and functions: plain Keras rebuilds the model from its config, so the SavedModel
-    holds no traced function per layer (0.2 s of CPU less to save). An activation of the user's: the traces
-    stay, and plain Keras loads the model without the user's code. Both keep Keras's serving signature."""
+    holds no traced function per layer (0.2 s of CPU less to save). An activation or a layer of the user's:
+    the traces stay, and plain Keras loads the model without the user's code. All keep Keras's serving
+    signature."""
     from distrain.training import save_model
 
     model = keras.Sequential([keras.Input((4,), name="rows"), keras.layers.Dense(8, activation=activation),
-                              keras.layers.Dense(3, name="scores")])
+                              layer(), keras.layers.Dense(3, name="scores")])
     model.compile(optimizer="adam", loss="mse")
     save_model(model, tmp_path / "saved_model")
     assert bool(traced_functions(tmp_path / "saved_model")) == traced
     x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
-    loaded = keras.models.load_model(tmp_path / "saved_model")  # (doubled_relu is not registered: not found by name)
+    loaded = keras.models.load_model(tmp_path / "saved_model")  # (the user's are not registered: not found by name)
     np.testing.assert_allclose(loaded(x), model(x), rtol=1e-6)
     serving = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
     assert list(serving.structured_input_signature[1]) == ["rows"] and list(serving.structured_outputs) == ["scores"]

@@ -138,9 +138,10 @@ def rebuilt_from_config(model: keras.Model) -> bool:
     registered or not, and no Lambda). Its SavedModel then needs no traced function per layer, which a
     model with code of the user's needs to load without that code."""
     def keras_own(node) -> bool:
-        if isinstance(node, dict):
-            module = node.get("module")
-            return (module is None or str(module).startswith("keras")) and all(map(keras_own, node.values()))
+        if isinstance(node, dict):  # an object Keras serialised names its class; Keras's own, its module too
+            own = "class_name" not in node or (str(node.get("module")).startswith("keras")
+                                               and node.get("registered_name") is None)
+            return own and all(map(keras_own, node.values()))
         return all(map(keras_own, node)) if isinstance(node, (list, tuple)) else True
 
     if not getattr(model, "_is_graph_network", False):  # (a subclassed model's config is its own)
