@@ -290,4 +290,8 @@ def test_a_forked_task_converts_nothing_its_fork_server_converted_ahead(tmp_path
              "Float32Metric.update_state", "Float32Metric.result", "trace_model_call.<locals>._wrapped_model",
              "canonicalize_signatures.<locals>.signature_wrapper"]
     assert not set(ahead) & set(converted), converted
+    # Autograph's files: the task's own conversion's (the run's scratch directory holds them), none of the server's.
+    written = [path.read_text() for path in tmp_path.glob("__autograph_generated_file*.py")]
+    assert any("def tf__call(" in text for text in written), len(written)
+    assert not [text for text in written if "def tf__growth(" in text or "def tf__test_function(" in text]
     assert (run / "saved_model" / "saved_model.pb").exists()

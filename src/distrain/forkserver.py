@@ -239,13 +239,19 @@ def convert_ahead() -> None:
                        *_inside(signature_serialization.canonicalize_signatures, "signature_wrapper"),
                        *_inside(functional_saver.MultiDeviceSaver.save, "tf_function_save"),
                        *_inside(training.per_worker_dataset, "<lambda>")]
-        for functions, context in (([runners._forward, metrics.growth, *made_inside], given),
-                                   ([metrics.Float32.call, metrics.Float32Metric.update_state,
-                                     metrics.Float32Metric.result], within)):
-            for function in functions:
-                api._TRANSPILER.transform(function, context)
+        # Autograph writes each conversion to a file it then imports: here in a directory of its own, gone
+        # once they are imported (the server's TMPDIR may be no run's scratch directory, or none).
+        with tempfile.TemporaryDirectory(prefix="distrain-autograph-") as where:
+            tempfile.tempdir = where
+            for functions, context in (([runners._forward, metrics.growth, *made_inside], given),
+                                       ([metrics.Float32.call, metrics.Float32Metric.update_state,
+                                         metrics.Float32Metric.result], within)):
+                for function in functions:
+                    api._TRANSPILER.transform(function, context)
     except Exception:  # noqa: BLE001 - another TensorFlow's internals: the tasks convert them as before
         pass
+    finally:
+        tempfile.tempdir = None
 
 
 def _inside(outer, name: str) -> list:
