@@ -420,7 +420,7 @@ def test_port_in_use_is_one_line(tmp_path):
 def test_a_diverging_parameter_server_run_stops_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "data=synthetic", "model=mlp",
-                  "optimizer=sgd", "trainer.learning_rate=1e9", "trainer.epochs=5", "trainer.verbose=2")
+                  "optimizer=sgd", "trainer.learning_rate=1e30", "trainer.epochs=5", "trainer.verbose=2")
     assert out.returncode == 2, out.stdout[-3000:]
     assert "[chief-0] error: the training loss became NaN or infinite in epoch 1" in out.stderr  # errors: stderr
     assert "error:" not in out.stdout
