@@ -1,4 +1,5 @@
 """`python train.py` as a user runs it: a launcher process, a training child, results on disk."""
+import gc
 import json
 import os
 import shutil
@@ -228,7 +229,8 @@ def test_the_wheel_runs_from_any_directory(tmp_path):
     assert_nothing_left(project)
 
 
-COUNTED_TASK = '''"""A task that says what autograph converted in it (its own cache's misses), then the user's model."""
+COUNTED_TASK = '''"""A task that says how the garbage collector stands as it starts, and what autograph converted in it
+(its own cache's misses), the user's model too."""
 import tensorflow as tf
 import tf_keras as keras
 from tensorflow.python.autograph.pyct import transpiler
@@ -256,8 +258,12 @@ def mine(input_shape, num_classes, **_):  # (and the cnn preset's other keys)
 
 
 def main(argv):
+    import gc
+
     from distrain import task
 
+    print(f"collector: {gc.isenabled()}, {gc.get_stats()[2]['collections']} full collections, "
+          f"{gc.get_freeze_count()} objects frozen", flush=True)
     transpiler.GenericTranspiler.transform_function = counted
     code = task.main(argv)
     print("converted:", ",".join(made), flush=True)
@@ -265,10 +271,13 @@ def main(argv):
 '''
 
 
-def test_a_forked_task_converts_nothing_its_fork_server_converted_ahead(tmp_path, monkeypatch):
+def test_a_forked_task_repeats_none_of_its_fork_servers_work(tmp_path, monkeypatch):
     """Autograph's conversions that every task makes (Keras's evaluate, the training step's, the
     SavedModel's) are made once in the fork server: a task forked from it makes none of them again. The
-    control: the user's own model's call is converted in the task, and counted."""
+    control: the user's own model's call is converted in the task, and counted. The server imported
+    TensorFlow with the garbage collector paused (process.kept_for_good): no full collection, and what it
+    imported is frozen; the task collects its own garbage. The control: this process, which imported
+    TensorFlow with the collector on, counts full collections."""
     from omegaconf import OmegaConf
     from distrain.forkserver import ForkServer
     from helpers import small
@@ -284,6 +293,10 @@ def test_a_forked_task_converts_nothing_its_fork_server_converted_ahead(tmp_path
         child = forks.spawn([sys.executable, "-m", "counted", str(run / "config.yaml")], dict(os.environ), None)
         out = child.stdout.read().decode()
         assert child.wait(timeout=RUN_TIMEOUT) == 0, out[-3000:]
+    enabled, collections, frozen = re.search(r"^collector: (\w+), (\d+) full collections, (\d+) objects frozen$",
+                                             out, re.M).groups()
+    assert (enabled, collections) == ("True", "0") and int(frozen) > 100_000, (enabled, collections, frozen)
+    assert gc.get_stats()[2]["collections"] > 0  # the control
     converted = re.search(r"^converted: (.*)$", out, re.M).group(1).split(",")
     assert "Mine.call" in converted, converted  # the control: a conversion in the task is counted
     ahead = ["_forward", "growth", "Model.make_test_function.<locals>.test_function", "Float32.call",

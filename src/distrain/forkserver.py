@@ -16,7 +16,6 @@ of their own, no normal interpreter exit, no output pipe, outside the cluster's 
 this one runs inside the namespace, so its children are too.
 """
 import atexit
-import gc
 import json
 import os
 import select
@@ -30,7 +29,7 @@ import types
 from pathlib import Path
 
 from .cpu import ONEDNN
-from .process import die_with_parent, exit_now
+from .process import die_with_parent, exit_now, kept_for_good
 
 READY_TIMEOUT = 60.0  # seconds for the server's imports, however loaded the machine
 _SHARED: dict = {}  # (what TensorFlow reads as it is imported, wrap) -> the server kept for the next run
@@ -188,13 +187,10 @@ def serve(fd: int):
     """The server: import what a task imports, then fork a task for each request until the launcher
     closes the socket. Returns (in the child only) the request the child is to carry out."""
     sock = socket.socket(fileno=fd)
-    from . import task, training  # noqa: F401 - TensorFlow, Keras and the training code, once for all tasks
+    with kept_for_good():  # (a task's collections then skip them all)
+        from . import task, training  # noqa: F401 - TensorFlow, Keras and the training code, once for all tasks
 
-    convert_ahead()
-    # What is imported stays: out of the collector's sight, a task's full collections skip its 300,000
-    # objects (0.15 s of CPU each) and leave their pages shared with the server (Python's advice for a
-    # process that forks without exec).
-    gc.freeze()
+        convert_ahead()
     sock.send(b"ready")
     while True:
         readable = select.select([sock], [], [], 0.1)[0]

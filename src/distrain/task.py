@@ -17,7 +17,7 @@ from . import cluster as cluster_lib
 from . import report, storage, timesplit
 from .context import RunContext, Topology
 from .errors import FINAL, ConfigError, PeerLost, print_error
-from .process import Preempted, Preemption, die_with_parent, exit_now
+from .process import Preempted, Preemption, die_with_parent, exit_now, kept_for_good
 from .protocol import RESTARTS_CLUSTER, say_ready
 from .rundir import RunDir
 from .stacks import answer_stack_requests
@@ -206,5 +206,7 @@ def serve(context: RunContext, until_chief_gone: bool = False, startup_timeout: 
     os._exit(0)  # the server has no way to stop; nothing here to save
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # (a task started by exec: one of a cluster spread over machines)
+    with kept_for_good():  # what a fork server imports for the tasks it forks, and as it does
+        from . import training  # noqa: F401
     exit_now(main())
