@@ -25,7 +25,7 @@ def die_with_parent() -> None:
 def kept_for_good():
     """For the imports of a process that lives on what they make (a task's, its fork server's: TensorFlow,
     Keras and distrain, 490,000 objects). The cyclic garbage collector pauses over them: the collections
-    the import sets off find almost nothing to free and cost 0.4 of its 2.4 CPU-s (measured). Then what
+    the import sets off find almost nothing to free and cost 0.5 of its 2.5 CPU-s (measured). Then what
     was made is frozen, out of the sight of later collections (a full one would take 0.28 s for these
     objects alone) and of a forked child's, whose pages it leaves shared (Python's advice for a process
     that forks without exec)."""
