@@ -17,8 +17,11 @@ import glob
 import json
 import re
 import shlex
+import os
 import shutil
+import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +45,22 @@ NOT_RUN = {
     "RUN_DIR": "a usage line",
     "...": "a fragment: the reader's data and model go where the dots are",
 }
+
+
+def install(package: str) -> str:
+    """What a command's `# needs: apt-get install PACKAGE` asks, done as the reader does it: "" once the
+    Debian package is installed, else why it cannot be here (the command is then not run, and said so)."""
+    listed = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    if listed.stdout.endswith(" installed"):
+        return ""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return f"needs Debian's {package}, which only root with apt-get can install"
+    done = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", package],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return "" if done.returncode == 0 else f"apt-get install {package} failed: {done.stderr.strip()[-200:]}"
+
+
 # What the test adds to a training: epochs of 2 steps, 3 of them (at most 4 where the command
 # names more: a resume that trains longer still does), and a run directory of its own where the
 # command names none.
@@ -107,6 +126,8 @@ class Reader:
     def run_block(self, block: str, at: int) -> None:
         """The block's commands, in order, from the document's directory (a `cd` moves on from there)."""
         cwd = self.home
+        needs = {" ".join(next(commands(line))): package  # (the line of a command that needs a package)
+                 for line, package in re.findall(r"^(.+?)#\s*needs: apt-get install (\S+)", block, re.M)}
         for words in commands(block):
             line = " ".join(words)
             words = [w for word in map(self.substitute, words) for w in expand(word, cwd)]
@@ -115,6 +136,9 @@ class Reader:
                 continue
             args = distrain_args(words)
             why = next((why for marker, why in NOT_RUN.items() if marker in line), None)
+            why = why or (install(needs[line]) if line in needs else None)
+            if why and line in needs:
+                warnings.warn(f"{self.doc}:{at}: {line} not run: {why}")
             if args is None or why:
                 self.not_run.append((at, line, why or NOT_HERE.get(words[0], "not distrain's")))
                 continue
