@@ -83,3 +83,40 @@ def test_old_steps_per_schedule_still_works_with_one_notice(capsys):
                        "instead (it means the same)"]  # once, however often the config is checked
     # control: without the old key, the new one is left alone
     assert validate(make_cfg("strategy=parameter_server", "trainer.steps_per_execution=3")).trainer.steps_per_execution == 3
+
+
+# A user's config directory: a group of their own whose option sets hydra.mode, one that chooses
+# hparams_search=optuna (which does), and one that does neither.
+OWN_PRESETS = {"preset/sweep.yaml": "# @package _global_\nhydra:\n  mode: MULTIRUN\n",
+               "study/tuned.yaml": "# @package _global_\ndefaults:\n  - override /hparams_search: optuna\n",
+               "study/plain.yaml": "# @package _global_\ntrainer:\n  epochs: 2\n"}
+
+
+@pytest.mark.parametrize("overrides, own, mode", [
+    ([], False, None), (["strategy=mirrored", "trainer.epochs=2"], False, None),
+    (["experiment=strategies"], False, "MULTIRUN"), (["hparams_search=optuna"], False, "MULTIRUN"),
+    (["hydra.mode=MULTIRUN"], False, "MULTIRUN"), (["+preset=sweep"], True, "MULTIRUN"),
+    (["+study=tuned"], True, "MULTIRUN"), (["+study=plain"], True, None), (["model=mlp"], True, None)])
+def test_hydra_composes_to_read_the_mode_only_where_a_config_can_set_it(tmp_path, monkeypatch, overrides, own, mode):
+    """A run reads hydra.mode as Hydra does (a preset makes a sweep without -m), without Hydra's
+    composition where no chosen config can set it. Control: Hydra's own reading, composing every time."""
+    from hydra import initialize_config_dir
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    from distrain import cli
+
+    for name, text in OWN_PRESETS.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(cli, "OWN_DIRS", [str(tmp_path)] if own else [])
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", *overrides] if own else overrides
+    composed, compose = [], Hydra.compose_config
+    monkeypatch.setattr(Hydra, "compose_config", lambda *a, **k: composed.append(1) or compose(*a, **k))
+    with initialize_config_dir(config_dir=cli.CONFIG_DIR, version_base="1.3"):
+        app = GlobalHydra.instance().hydra
+        hydras = app.get_mode("config", overrides)
+        with cli.mode_read_without_composing():
+            ours, ours_composed = app.get_mode("config", overrides), len(composed) - 1
+    assert (hydras.name if hydras else None) == (ours.name if ours else None) == mode
+    assert ours_composed == (1 if mode else 0)

@@ -3,6 +3,7 @@
 `distrain summarize DIR` (re)builds the summary of a sweep directory; `distrain stacks RUN_DIR` shows
 where each task of a running run is.
 """
+import contextlib
 import difflib
 import logging
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra._internal.hydra import Hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
@@ -88,6 +90,48 @@ def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:
 
 
 OWN_DIRS = []  # the user's config directories (--config-dir, hydra.searchpath=[file://...]), set by main()
+
+
+def options_setting_mode(base: Path, found=frozenset()) -> set:
+    """The options (group/option) of the config directory base that set hydra.mode (experiment=strategies
+    is a sweep without -m), or choose an option that does (found: those known already); "config" for
+    a primary config that does."""
+    found, texts = set(found), [(path, path.read_text()) for path in base.glob("**/*.yaml")]
+    while True:
+        more = {str(path.relative_to(base).with_suffix("")) for path, text in texts
+                if re.search(r"^\s+mode:", text, re.M) or any(
+                    re.search(rf"^\s*- (override )?/?{group}(@\S+)?: *{option}\s*(#.*)?$", text, re.M)
+                    for group, _, option in (o.rpartition("/") for o in found))}
+        if more <= found:
+            return found
+        found |= more
+
+
+MODE_OPTIONS = options_setting_mode(Path(CONFIG_DIR))  # the experiment and hparams_search presets
+
+
+@contextlib.contextmanager
+def mode_read_without_composing():
+    """Hydra composes the whole config once just to read hydra.mode (Hydra.get_mode), then again to run
+    it: 0.1 CPU-s, half the time of a bad input's error line. Where no config that could set the mode
+    takes part (no option of MODE_OPTIONS chosen, the user's own read alike; no hydra.mode override), the
+    mode is unset: a run, or a sweep with -m; elsewhere Hydra reads it."""
+    hydras = Hydra.get_mode
+
+    def get_mode(hydra_app, config_name, overrides: list):
+        chosen = {f"{key.lstrip('+~').split('@')[0]}/{value}"
+                  for key, _, values in (o.partition("=") for o in overrides) for value in values.split(",")}
+        setting = MODE_OPTIONS.union(*(options_setting_mode(Path(d), MODE_OPTIONS) for d in OWN_DIRS))
+        if chosen & setting or "config" in setting or any(o.lstrip("+").startswith("hydra.mode=") or "pkg://" in o
+                                                           for o in overrides):  # (pkg://: not read here)
+            return hydras(hydra_app, config_name, overrides)
+        return None
+
+    Hydra.get_mode = get_mode
+    try:
+        yield
+    finally:
+        Hydra.get_mode = hydras
 
 
 def _help(root: DictConfig) -> str:
@@ -282,7 +326,8 @@ def main() -> None:
         if _quick_help(flags, overrides):
             return
         if not _printed_config(flags, overrides):
-            run()
+            with mode_read_without_composing():
+                run()
     except ConfigError as exc:
         print_error(str(exc))
         sys.exit(2)
