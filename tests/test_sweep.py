@@ -543,3 +543,27 @@ def test_each_job_is_a_session_and_the_sweep_one_experiment(tmp_path):
                                           (3, 3), ("[1,2]", "[1,2]")])
 def test_hyperparameters_take_tensorboards_types(given, taken):
     assert dashboard.typed(given) == taken and type(dashboard.typed(given)) is type(taken)
+
+
+def test_a_run_s_curves_are_the_picture_matplotlib_lays_out_and_draw_once(tmp_path, monkeypatch):
+    """curves.png is pixel for pixel the figure laid out by tight_layout and saved as matplotlib's
+    defaults save it, with one draw instead of two (control: other margins give another picture)."""
+    import matplotlib.figure
+    from PIL import Image, ImageChops
+
+    from distrain import plots
+
+    results = {"history": {"loss": [2.3, 1.1, 0.6], "accuracy": [0.4, 0.7, 0.9], "time_input": [0.1] * 3},
+               "test_accuracy": 0.93, "strategy": "mirrored", "model": "cnn", "data": "mnist", "num_replicas": 2,
+               "global_batch_size": 256}
+    draws, draw = [], matplotlib.figure.Figure.draw
+    monkeypatch.setattr(matplotlib.figure.Figure, "draw", lambda *a, **k: draws.append(1) or draw(*a, **k))
+    plots.curves(results, tmp_path / "curves.png")
+    assert len(draws) == 1
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.tight_layout(), fig.savefig(path, dpi=100)))
+    plots.curves(results, tmp_path / "matplotlib.png")
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.subplots_adjust(left=0.1), fig.savefig(path, dpi=100)))
+    plots.curves(results, tmp_path / "other.png")
+    picture = lambda name: Image.open(tmp_path / name).convert("RGB")  # noqa: E731
+    assert ImageChops.difference(picture("curves.png"), picture("matplotlib.png")).getbbox() is None
+    assert ImageChops.difference(picture("curves.png"), picture("other.png")).getbbox() is not None

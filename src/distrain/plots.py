@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 def _save(fig, path: Path) -> Path:
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.tight_layout()
+    fig.set_layout_engine(None)  # laid out: else savefig lays it out again, in a draw of its own
     try:
         fig.savefig(tmp, dpi=100)
         tmp.replace(path)  # a reader never sees half a picture
