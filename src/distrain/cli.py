@@ -323,9 +323,7 @@ def main() -> None:
             if "tensorflow" in sys.modules and not had_tensorflow:  # (all is written: its shutdown takes a second)
                 exit_now(code)
             sys.exit(code)
-        if _quick_help(flags, overrides):
-            return
-        if not _printed_config(flags, overrides):
+        if not (_quick_help(flags, overrides) or _printed_config(flags, overrides)):
             with mode_read_without_composing():
                 run()
     except ConfigError as exc:
