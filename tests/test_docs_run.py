@@ -9,6 +9,8 @@ Trainings run short: the test adds epochs of 2 steps, 3 epochs (4 at most where 
 directory of its own where the command names none, and nothing else. The reader's own files that
 the docs name without showing (mydata.npz, rows.npz, an image folder) are made here, small. A
 command not run is in NOT_RUN (or test_docs.NOT_HERE), matched on its text, with the reason.
+A command whose comment says `# needs: apt-get install PACKAGE` gets the package first, as the reader
+does (where that cannot be done: not run, with the reason, and a warning).
 
 Each command runs in this process (helpers.here); one-process runs fork their task from the launcher's
 fork server, which this process keeps from one command to the next, as a sweep's jobs do
