@@ -57,9 +57,12 @@ def install(package: str) -> str:
         return ""
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return f"needs Debian's {package}, which only root with apt-get can install"
-    done = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", package],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    try:  # (bounded: a registry out of reach is a command not run, not a hang)
+        done = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", package],
+                              capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    except subprocess.TimeoutExpired:
+        return f"apt-get install {package} took over 180 s"
     return "" if done.returncode == 0 else f"apt-get install {package} failed: {done.stderr.strip()[-200:]}"
 
 
