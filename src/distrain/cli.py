@@ -17,6 +17,7 @@ import hydra
 from hydra import compose, initialize_config_dir
 from hydra._internal.hydra import Hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -110,6 +111,17 @@ def options_setting_mode(base: Path, found=frozenset()) -> set:
 MODE_OPTIONS = options_setting_mode(Path(CONFIG_DIR))  # the experiment and hparams_search presets
 
 
+def _may_set_mode(override, setting: set) -> bool:
+    """Whether an override (Hydra's parse of it) sets hydra.mode or chooses an option that does (setting:
+    group/option); a sweep of such a group's options may; pkg:// search paths are not read here."""
+    key = override.key_or_group
+    if key == "hydra.mode" or "pkg://" in override.input_line:
+        return True
+    if override.is_sweep_override():
+        return any(option.rpartition("/")[0] == key for option in setting)
+    return not override.is_delete() and f"{key}/{override.get_value_element_as_str()}" in setting
+
+
 @contextlib.contextmanager
 def mode_read_without_composing():
     """Hydra composes the whole config once just to read hydra.mode (Hydra.get_mode), then again to run
@@ -119,11 +131,12 @@ def mode_read_without_composing():
     hydras = Hydra.get_mode
 
     def get_mode(hydra_app, config_name, overrides: list):
-        chosen = {f"{key.lstrip('+~').split('@')[0]}/{value}"
-                  for key, _, values in (o.partition("=") for o in overrides) for value in values.split(",")}
         setting = MODE_OPTIONS.union(*(options_setting_mode(Path(d), MODE_OPTIONS) for d in OWN_DIRS))
-        if chosen & setting or "config" in setting or any(o.lstrip("+").startswith("hydra.mode=") or "pkg://" in o
-                                                           for o in overrides):  # (pkg://: not read here)
+        try:
+            parsed = OverridesParser.create().parse_overrides(overrides)
+        except HydraException:  # (Hydra says what is wrong with it)
+            return hydras(hydra_app, config_name, overrides)
+        if "config" in setting or any(_may_set_mode(override, setting) for override in parsed):
             return hydras(hydra_app, config_name, overrides)
         return None
 
