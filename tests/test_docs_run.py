@@ -17,9 +17,9 @@ fork server, which this process keeps from one command to the next, as a sweep's
 (forkserver.shared): a short run takes about 2.5 s, not 6."""
 import glob
 import json
+import os
 import re
 import shlex
-import os
 import shutil
 import subprocess
 import time
@@ -52,6 +52,8 @@ NOT_RUN = {
 def install(package: str) -> str:
     """What a command's `# needs: apt-get install PACKAGE` asks, done as the reader does it: "" once the
     Debian package is installed, else why it cannot be here (the command is then not run, and said so)."""
+    if not shutil.which("dpkg-query"):
+        return f"needs Debian's {package}, and this system has no Debian packages"
     listed = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
     if listed.stdout.endswith(" installed"):
         return ""
