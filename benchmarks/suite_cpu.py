@@ -80,12 +80,16 @@ def tally(out: Path) -> tuple:
     by_dir = collections.defaultdict(set)  # pytest's tmp_path: the test's name, word characters only, cut at 30
     for node in tests:
         by_dir[re.sub(r"\W", "_", node.split("::")[-1])[:30]].add(node)
-    for name, nodes in list(by_dir.items()):  # tests whose names agree that far share theirs: "test_x[*]"
+    for name, nodes in list(by_dir.items()):  # tests whose names agree that far share theirs
         functions = {node.split("[")[0] for node in nodes}
-        by_dir[name] = next(iter(nodes)) if len(nodes) == 1 else (
-            f"{functions.pop()}[*]" if len(functions) == 1 else f"{name}* (tests of {len(functions)} functions)")
-        for node in nodes if len(nodes) > 1 and not functions else ():
-            per_test[by_dir[name]] += per_test.pop(node)
+        if len(nodes) == 1:
+            by_dir[name] = nodes.pop()
+        elif len(functions) == 1:  # one test's parameters: counted together, "test_x[*]"
+            by_dir[name] = f"{functions.pop()}[*]"
+            for node in nodes:
+                per_test[by_dir[name]] += per_test.pop(node)
+        else:  # tests of several functions (several modules, maybe): their processes' CPU apart
+            by_dir[name] = f"{name}* (tests of {len(functions)} functions)"
     fixtures = {name: module for module in (ROOT / "tests").glob("test_*.py")
                 for name in re.findall(r'mktemp\("(\w+)"\)', module.read_text())}
     kinds, recorded = collections.Counter(), 0.0
@@ -99,7 +103,7 @@ def tally(out: Path) -> tuple:
         kind = ("pytest" if argv == "-c" or re.match(r"\S*pytest/__main__", argv) else  # (an xdist worker's: "-c")
                 "task forked by a fork server" if "forkserver" in argv else  # (the servers end killed)
                 "task started by exec" if re.search(r"distrain[./](task|inference_task)", argv) else
-                "launcher" if "train.py" in argv or "distrain" in argv else "other")
+                "launcher" if re.search(r"train\.py|bin/distrain\b", argv) else "other")
         kinds[kind] += cpu
         if kind == "pytest":  # (its tests' part is in per_test already)
             continue
@@ -115,14 +119,14 @@ def tally(out: Path) -> tuple:
 
 def main() -> None:
     started, args = time.monotonic(), sys.argv[1:]
-    kept = Path(args.pop(1)) if args[:1] == ["--records"] else None  # --records DIR: keep them there
-    if kept and kept.exists():  # (a run's records already: tallied again)
+    kept = Path(args[1]) if args[:1] == ["--records"] else None  # --records DIR: keep them there
+    out = kept or Path(tempfile.mkdtemp(prefix="suite-cpu-"))
+    if kept and any(kept.glob("tests.*")):  # (a run's records already: tallied again)
         total = float("nan")
     else:
-        out = kept or Path(tempfile.mkdtemp(prefix="suite-cpu-"))
         out.mkdir(parents=True, exist_ok=True)
-        total = run(out, args[1:] if kept else args)
-    per_test, kinds, recorded = tally(kept or out)
+        total = run(out, args[2:] if kept else args)
+    per_test, kinds, recorded = tally(out)
     if not kept:
         shutil.rmtree(out)
     print(f"\n{time.monotonic() - started:.0f} s; {total:.0f} CPU-s in the processes the suite waited for, "
