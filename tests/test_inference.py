@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from distrain import cluster, data, forkserver, inference, parts, tfrecords
+from distrain import cluster, cpu, data, forkserver, inference, launcher, parts, tfrecords
 from helpers import TRAIN_PY, alive, make_cfg, task_pids, task_state, wait_until
 
 pytestmark = pytest.mark.slow  # a trained run, and TensorFlow in this process
@@ -255,8 +255,10 @@ def test_evaluate_under_parameter_servers_gives_keras_figures(trained, tmp_path)
     run, pixels, x, y = trained
     tfrecords.write(pixels, y, tmp_path, "test", 2)
     tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
-    # The fork server a local cluster's run in this process has (its network's): evaluate's tasks come from it.
-    forks = forkserver.shared(tmp_path / "forkserver.log", cluster.PrivateNetwork.shared().wrap)
+    # The fork server a local cluster's run in this process has (its network's, its kernels': the run's own
+    # trainer.onednn=auto): evaluate's tasks come from it.
+    with launcher.environment(cpu.onednn_env("auto")):
+        forks = forkserver.shared(tmp_path / "forkserver.log", cluster.PrivateNetwork.shared().wrap)
     assert use("evaluate", run, "data=tfrecord", f"data.train_files={tmp_path}/train-*",  # (in this process)
                f"data.test_files={tmp_path}/test-*", "strategy=parameter_server", "cluster.workers=2",
                "trainer.batch_size=16", "part_size=16", "name=ps") == 0
@@ -270,6 +272,34 @@ def test_evaluate_under_parameter_servers_gives_keras_figures(trained, tmp_path)
     assert found["loss"] != pytest.approx(half[0], rel=1e-5)  # control: other examples give other figures
     assert json.loads((where / "cluster.json").read_text())["restarts"] == []
     assert not [p for p in task_pids(where) if alive(p)]
+    assert "cpu kernels: oneDNN (trainer.onednn=auto" in (where / "logs" / "chief-0.log").read_text()
+
+
+@pytest.mark.parametrize("setting, expected", [(None, cpu.onednn_choice("auto")[0]), ("false", "0"), ("true", "1")])
+def test_the_tasks_run_the_kernels_the_run_trained_with(trained, monkeypatch, setting, expected):
+    """TensorFlow reads TF_ENABLE_ONEDNN_OPTS as it starts: evaluate and predict set it as the run's launcher
+    did (trainer.onednn, the run's own unless overridden) before this process's TensorFlow or a cluster's
+    fork server and tasks start (on a CPU where TensorFlow's default differs, the kernels would otherwise
+    differ from the training's; a cluster's tasks say which they run: the parameter-server test above)."""
+    run = trained[0]
+    seen = []
+
+    class Cluster:  # what the tasks would start with, seen where the fork server starts
+        def __init__(self, *args):
+            seen.append(os.environ.get(cpu.ONEDNN))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(parts, "Cluster", Cluster)
+    monkeypatch.delenv(cpu.ONEDNN, raising=False)
+    monkeypatch.setattr(inference, "evaluate", lambda *args: {})  # (no tasks to start)
+    overrides = ["strategy=multi_worker_mirrored", "cluster.workers=2", *([f"trainer.onednn={setting}"] if setting else [])]
+    inference.one("evaluate", run, overrides, {}, lambda o: make_cfg(*o))
+    assert seen == [expected] and cpu.ONEDNN not in os.environ  # (as it was after)
 
 
 def test_several_runs_and_data_sets_make_a_job_each_and_end_with_a_table(trained, tmp_path, capsys):

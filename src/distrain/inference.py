@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from . import parts, schema, storage
+from . import cpu, parts, schema, storage
 from .errors import ConfigError, print_error
 from .rundir import RunDir
 
@@ -73,10 +73,14 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
     try:
         out = _out(options) if command == "predict" else None
         cfg = settle(run_dir, compose, overrides)
+        from .launcher import environment
         from .tfrecords import tensorflow_lines_to
 
         changed = _data_changed(overrides)
-        with tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"), \
+        # The kernels the run trained with (trainer.onednn), in this process's TensorFlow (imported after
+        # this) and the cluster's tasks: a fork server this process kept from a run is used again.
+        with environment(cpu.onednn_env(cfg.trainer.onednn)), \
+                tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"), \
                 parts.Cluster(cfg, run_dir, command) if _clustered(cfg) else contextlib.nullcontext() as cluster:
             if command == "evaluate":
                 return evaluate(cfg, run_dir, options, changed, cluster)

@@ -39,10 +39,12 @@ def main(argv=None) -> int:
             return serve(context)
         import tensorflow as tf
 
+        from .cpu import onednn_line
         from .inference import load
         from .strategy import configure_devices, make_strategy
 
         configure_devices(cfg.strategy)
+        print(onednn_line(), flush=True)
         if ps:
             cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
         strategy = make_strategy(cfg.strategy, context) if ps else tf.distribute.get_strategy()
