@@ -330,12 +330,12 @@ def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path
 
 
 def test_ctrl_c_stops_a_submitit_local_sweep_without_a_traceback(tmp_path):
-    """submitit's local launcher: a controller process per job, which would print a traceback on Ctrl-C."""
+    """submitit's local launcher: a controller process per job, which would print a traceback on Ctrl-C.
+    (One task a job: the jobs' clusters stopping at a step, the joblib sweep above.)"""
     sweep_dir = tmp_path / "sweep"
-    code, out = ctrl_c(sweep_dir, ["hydra/launcher=submitit_local", "strategy=multi_worker_mirrored",
-                                   "cluster.workers=1,2", "data=synthetic", "model=mlp", "trainer.epochs=1000",
-                                   "trainer.verbose=2", "trainer.save_model=false"],
-                       [sweep_dir / "0" / "logs" / "worker-0.log", sweep_dir / "1" / "logs" / "worker-1.log"])
+    code, out = ctrl_c(sweep_dir, ["hydra/launcher=submitit_local", "trainer.seed=1,2", "data=synthetic", "model=mlp",
+                                   "trainer.epochs=1000", "trainer.verbose=2", "trainer.save_model=false"],
+                       [sweep_dir / "0" / "logs" / "train.log", sweep_dir / "1" / "logs" / "train.log"])
     assert code == 130 and quiet_end(out), out[-3000:]
     with open(sweep_dir / "summary.csv") as f:
         assert [row["status"] for row in csv.DictReader(f)] == ["interrupted"] * 2
