@@ -1,0 +1,108 @@
+"""The test suite's work, this checkout's against another's, measured back to back: the CPU-s of every
+process each `make test` command runs (a cgroup's accounting), and the ratio.
+
+    python benchmarks/suite_ratio.py OTHER_CHECKOUT [--other-first] [-- PYTEST ARGS]    (as root, Linux)
+
+Both run with this checkout's .venv (the other tree's own modules first on the path) and with
+/proc/cpuinfo seen without the avx512*, amx* and avx_vnni flags, so that trainer.mixed_precision=auto
+picks float32 as on the AVX2-only machine. The suite is CPU-bound on the slower kind, so a tree's time
+there is, closely, a tree measured there times this ratio (benchmarks/README.md: the calibration tree).
+A shared host drifts: run the pair again in the other order (--other-first) before trusting a ratio.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MASKED = re.compile(r"^(avx512\w*|amx\w*|avx_vnni)$")
+PYTEST = ["-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-p", "no:cacheprovider"]
+
+
+def masked_cpuinfo(path: Path) -> None:
+    lines = []
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            key, _, flags = line.partition(":")
+            line = f"{key}: {' '.join(f for f in flags.split() if not MASKED.match(f))}"
+        lines.append(line)
+    path.write_text("\n".join(lines) + "\n")
+
+
+class Accounted:
+    """A cgroup (v1's cpuacct, else v2's) whose processes' CPU is counted: usage() in CPU-s."""
+
+    def __init__(self, name: str):
+        v1 = Path("/sys/fs/cgroup/cpuacct")
+        self.path, self.v1 = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / name, v1.is_dir()
+        self.path.mkdir()
+
+    def join(self) -> None:  # (in the child, before it execs: everything it starts is counted)
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def usage(self) -> float:
+        if self.v1:
+            return int((self.path / "cpuacct.usage").read_text()) / 1e9
+        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
+        return int(stat["usage_usec"]) / 1e6
+
+    def remove(self) -> None:
+        for _ in range(50):  # (its last processes may still be exiting)
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.2)
+
+
+def suite(tree: Path, cpuinfo: Path, args: list, log: Path) -> tuple:
+    """(CPU-s, wall seconds, pytest's last line) of the suite of `tree`."""
+    group = Accounted(f"suite-ratio-{os.getpid()}-{tree.name}")
+    python = ROOT / ".venv" / "bin" / "python"
+    command = " ".join(map(str, [python, *PYTEST, *args]))
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    started = time.monotonic()
+    with open(log, "w") as out:
+        subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {cpuinfo} /proc/cpuinfo && exec {command}"],
+                       cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=group.join)
+    wall = time.monotonic() - started
+    time.sleep(2)
+    cpu = group.usage()
+    group.remove()
+    return cpu, wall, log.read_text().strip().splitlines()[-1]
+
+
+def fail(line: str) -> None:
+    print(f"error: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("other", type=Path, help="the other checkout (its tests and src/)")
+    parser.add_argument("--other-first", action="store_true")
+    parser.add_argument("pytest_args", nargs="*", help="after --: what the suite's command adds (e.g. a module)")
+    a = parser.parse_args()
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        fail("needs root on Linux (a cgroup, and /proc/cpuinfo masked in a mount namespace of its own): run it as root")
+    if not (a.other / "tests").is_dir() or not (a.other / "src" / "distrain").is_dir():
+        fail(f"{a.other} is no distrain checkout (no tests/ and src/distrain/): give one's directory")
+    with tempfile.TemporaryDirectory(prefix="suite-ratio-") as tmp:
+        cpuinfo = Path(tmp) / "cpuinfo"
+        masked_cpuinfo(cpuinfo)
+        trees = [a.other.resolve(), ROOT] if a.other_first else [ROOT, a.other.resolve()]
+        found = {}
+        for n, tree in enumerate(trees):
+            found[tree] = suite(tree, cpuinfo, a.pytest_args, Path(tmp) / f"{n}.log")
+            cpu, wall, last = found[tree]
+            print(f"{tree}: {cpu:.0f} CPU-s, {wall / 60:.0f}:{wall % 60:04.1f} ({last})", flush=True)
+    (mine, _, _), (theirs, _, _) = found[ROOT], found[a.other.resolve()]
+    print(f"this checkout / {a.other}: {mine / theirs:.2f} in CPU-s")
+
+
+if __name__ == "__main__":
+    main()
