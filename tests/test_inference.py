@@ -297,8 +297,9 @@ def test_the_tasks_run_the_kernels_the_run_trained_with(trained, monkeypatch, se
     monkeypatch.setattr(parts, "Cluster", Cluster)
     monkeypatch.delenv(cpu.ONEDNN, raising=False)
     monkeypatch.setattr(inference, "evaluate", lambda *args: {})  # (no tasks to start)
-    overrides = ["strategy=multi_worker_mirrored", "cluster.workers=2", *([f"trainer.onednn={setting}"] if setting else [])]
-    inference.one("evaluate", run, overrides, {}, lambda o: make_cfg(*o))
+    overrides = ["strategy=multi_worker_mirrored", "cluster.workers=2"]
+    inference.one("evaluate", run, overrides + ([f"trainer.onednn={setting}"] if setting else []), {},
+                  lambda o: make_cfg(*o))
     assert seen == [expected] and cpu.ONEDNN not in os.environ  # (as it was after)
 
 
