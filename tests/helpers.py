@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -216,6 +217,40 @@ def start(run_dir, *args, env=None):
     return subprocess.Popen([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run_dir}", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=run_dir.parent)
+
+
+class _Running:
+    """A run in this process, as wait_until asks of a launcher's Popen: poll() is None until it ends."""
+    returncode = None
+
+    def poll(self):
+        return self.returncode
+
+
+def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int, str]:
+    """run_cli's run (its launcher in this process, its tasks forked from this process's fork server: no
+    TensorFlow to import for a server of its own), while chaos(run) does to its tasks what the test does, in
+    a thread (run: what wait_until takes for a Popen). Its exit status and what it printed (stdout, then
+    stderr); what chaos raised is raised once the run has ended. For tests that signal tasks only: one
+    that signals the launcher starts it as a process of its own (start)."""
+    run, failed = _Running(), []
+
+    def act():
+        try:
+            chaos(run)
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread, below
+            failed.append(exc)
+
+    thread = threading.Thread(target=act, daemon=True)
+    thread.start()
+    try:
+        done = run_cli(run_dir, *args, timeout=timeout)
+    finally:
+        run.returncode = -1  # (the chaos's waits end: the run has)
+        thread.join(timeout=30)
+    if failed:
+        raise failed[0]
+    return done.returncode, done.stdout + done.stderr
 
 
 def wait_until(predicate, proc, what, timeout=RUN_TIMEOUT, interval=0.2):

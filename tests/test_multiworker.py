@@ -21,7 +21,7 @@ import tf_keras as keras
 from distrain import data, memory
 from distrain.training import train
 from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_task, make_cfg, run_cli, start, task_state,
-                     tensorboard_values, untimed, wait_until, write_idx)
+                     tensorboard_values, untimed, wait_until, while_running, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
@@ -199,16 +199,16 @@ def test_a_parameter_server_worker_with_no_restart_left_leaves_and_the_run_ends_
     """cluster.max_restarts=0: worker 1 lost leaves the run at once; worker 0 trains to the end, the run
     learns, and results.json says who left and how many workers there were at the end."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "data.train_examples=2048", "trainer.epochs=6", "trainer.batch_size=32", "trainer.verbose=2",
-                 "trainer.save_model=false", "cluster.max_restarts=0", "model=mlp")
     chief_log = run_dir / "logs" / "chief-0.log"
-    try:
-        wait_until(lambda: chief_log.exists() and "Epoch 2/6" in chief_log.read_text(), proc, "epoch 2")
+
+    def chaos(run):
+        wait_until(lambda: chief_log.exists() and "Epoch 2/6" in chief_log.read_text(), run, "epoch 2")
         kill_task(run_dir, "worker-1")
-    finally:
-        out = finish(proc)
-    assert proc.returncode == 0, out[-4000:]
+    code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
+                              "data=synthetic", "data.train_examples=2048", "trainer.epochs=6", "trainer.batch_size=32",
+                              "trainer.verbose=2", "trainer.save_model=false", "cluster.max_restarts=0", "model=mlp",
+                              chaos=chaos)
+    assert code == 0, out[-4000:]
     assert "task worker-1 exited with status -9: it leaves the run, which goes on with 1 worker(s)" in out
     results = json.loads((run_dir / "results.json").read_text())
     assert len(results["history"]["loss"]) == 6 and results["test_accuracy"] > 0.5
@@ -230,26 +230,26 @@ def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, sa
     and one line names the task that stopped answering and where the others wait. `distrain stacks`
     shows the same while the run goes on; each task's peak memory is the kernel's (/proc)."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
-                 "trainer.verbose=2", "cluster.peer_timeout=5", "cluster.max_restarts=0", "model=mlp")  # 32 steps an epoch
     trains = "chief-0" if strategy == "parameter_server" else "worker-0"
     log = run_dir / "logs" / f"{trains}.log"
-    try:
-        wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
-        asked = subprocess.run([sys.executable, str(TRAIN_PY), "stacks", str(run_dir)], capture_output=True, text=True,
-                               timeout=30)
+    then = {}
+
+    def chaos(run):
+        wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), run, "epoch 2")
+        then["asked"] = subprocess.run([sys.executable, str(TRAIN_PY), "stacks", str(run_dir)], capture_output=True,
+                                       text=True, timeout=30)
         seen = memory.resident_mib(task_state(run_dir, trains)["pid"])
         assert seen, f"{trains} gone after distrain stacks: {task_state(run_dir, trains)}\n{log.read_text()[-3000:]}"
-        peak_then = seen[0]
+        then["peak"] = seen[0]
         kill_task(run_dir, "worker-1", signal.SIGSTOP)  # alive, but it never answers again
-        hung = time.monotonic()
-        out = finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, out[-3000:]
-    assert time.monotonic() - hung < 5 + 20  # detection, then the stopped task is stopped for good
+        then["hung"] = time.monotonic()
+    code, out = while_running(run_dir, f"strategy={strategy}", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
+                              "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50",
+                              "trainer.batch_size=32", "trainer.verbose=2", "cluster.peer_timeout=5",
+                              "cluster.max_restarts=0", "model=mlp", chaos=chaos)  # 32 steps an epoch
+    asked, peak_then = then["asked"], then["peak"]
+    assert code == 1, out[-3000:]
+    assert time.monotonic() - then["hung"] < 5 + 20  # detection, then the stopped task is stopped for good
     assert says in out and "Traceback" not in out, out[-3000:]
     assert asked.returncode == 0 and f"--- {trains} (step " in asked.stdout, asked.stdout + asked.stderr
     assert re.search(r'File ".*distrain.(runners|checkpoints|training)\.py", line \d+ in ', asked.stdout), asked.stdout

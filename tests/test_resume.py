@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_nothing_left, finish, in_process, kill_task, run_cli, small, start, untimed, wait_until
+from helpers import (assert_nothing_left, finish, in_process, kill_task, run_cli, small, start, untimed, wait_until,
+                     while_running)
 from distrain import runners
 from distrain.errors import ConfigError
 from distrain.training import train
@@ -121,15 +122,24 @@ def test_a_cnn_run_stopped_mid_epoch_resumes_soundly(tmp_path, monkeypatch):
     assert results["test_accuracy"] > 0.5  # synthetic data: chance is 0.1
 
 
-def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, proc, steps_per_epoch: int, victim: str):
-    """SIGKILL one task of a local cluster once a checkpoint inside an epoch exists."""
+def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, steps_per_epoch: int, victim: str):
+    """What SIGKILLs one task of a local cluster once a checkpoint inside an epoch exists (while_running)."""
     def mid_epoch():
         latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or "ckpt-0"
         return int(latest.rsplit("-", 1)[1]) % steps_per_epoch != 0
 
-    wait_until(mid_epoch, proc, "a mid-epoch checkpoint", interval=0.02)
-    kill_task(run_dir, victim)
-    return finish(proc)
+    def chaos(run):
+        wait_until(mid_epoch, run, "a mid-epoch checkpoint", interval=0.02)
+        kill_task(run_dir, victim)
+    return chaos
+
+
+def _kill_in_epoch_2(log: Path, run_dir: Path, victim: str):
+    """What SIGKILLs one task of a local cluster once `log` shows epoch 2 (while_running)."""
+    def chaos(run):
+        wait_until(lambda: log.exists() and "Epoch 2/" in log.read_text(), run, "epoch 2")
+        kill_task(run_dir, victim)
+    return chaos
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +180,9 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
             "trainer.verbose=2", *SGD_MLP[:-1], "trainer.checkpoint_every_steps=10"]  # 32 steps an epoch, 64 in all
     whole_dir = uninterrupted(args)
     run_dir = tmp_path / "stopped"
-    proc = start(run_dir, *args, "cluster.max_restarts=3")
-    out = _kill_after_a_mid_epoch_checkpoint(run_dir, proc, 32, "worker-1")
-    assert proc.returncode == 0, out[-3000:]
+    code, out = while_running(run_dir, *args, "cluster.max_restarts=3",
+                              chaos=_kill_after_a_mid_epoch_checkpoint(run_dir, 32, "worker-1"))
+    assert code == 0, out[-3000:]
     assert "task worker-1 exited with status -9: restarting the cluster from its latest checkpoint" in out
     assert "[worker-0] error:" not in out  # worker 0 lost its peer: news, since the launcher acts on it
     cluster = json.loads((run_dir / "cluster.json").read_text())
@@ -243,15 +253,11 @@ def test_an_incompatible_checkpoint_is_refused(tmp_path):
 
 def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "data.train_examples=2048", "trainer.epochs=4", "trainer.batch_size=32", "trainer.verbose=2", "model=mlp")
-    chief_log = run_dir / "logs" / "chief-0.log"
-    try:
-        wait_until(lambda: chief_log.exists() and "Epoch 2/4" in chief_log.read_text(), proc, "epoch 2")
-        kill_task(run_dir, "ps-0")
-    finally:
-        out = finish(proc)
-    assert proc.returncode == 0, out[-3000:]
+    code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
+                              "data=synthetic", "data.train_examples=2048", "trainer.epochs=4", "trainer.batch_size=32",
+                              "trainer.verbose=2", "model=mlp",
+                              chaos=_kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))
+    assert code == 0, out[-3000:]
     assert "task ps-0 exited with status -9: restarting the cluster from its latest checkpoint" in out
     results = json.loads((run_dir / "results.json").read_text())
     assert results["restarts"] == 1 and results["resumed_from_step"] >= 64  # at least epoch 1's (64 steps each)
@@ -267,16 +273,12 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     a loss ends it. (A budget spent by earlier restarts, in its words: test_supervisor; a cluster
     restarted after a loss: the SIGKILL above.)"""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
-                 "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
-                 "trainer.verbose=2", "cluster.max_restarts=0", *SGD_MLP)  # 32 steps an epoch
     log = run_dir / "logs" / "worker-0.log"
-    try:
-        wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
-        kill_task(run_dir, "worker-1")
-    finally:
-        out = finish(proc, timeout=60)
-    assert proc.returncode != 0, out[-3000:]
+    code, out = while_running(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
+                              "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50",
+                              "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=0",
+                              *SGD_MLP, chaos=_kill_in_epoch_2(log, run_dir, "worker-1"))  # 32 steps an epoch
+    assert code != 0, out[-3000:]
     assert f"error: task worker-1 exited with status -9; the end of its log ({log.parent}/worker-1.log):" in out
     assert len([line for line in out.splitlines() if re.match(r"(\[[^]]*\] )?error:", line)]) == 1, out[-3000:]
     # (the launcher's alone: worker 0's own news of its lost peer is no second error line)
@@ -288,16 +290,12 @@ def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
     """Under parameter servers too: a ps task holds the only copy of its variables, so with no cluster
     restart left its loss ends the run; one error line on the terminal, no TensorFlow error lines."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=1", "cluster.ps=1", "data=synthetic",
-                 "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50", "trainer.batch_size=32",
-                 "trainer.verbose=2", "cluster.max_restarts=0", *SGD_MLP)  # 32 steps an epoch
-    log = run_dir / "logs" / "chief-0.log"
-    try:
-        wait_until(lambda: log.exists() and "Epoch 2/50" in log.read_text(), proc, "epoch 2")
-        kill_task(run_dir, "ps-0")
-    finally:
-        out = finish(proc, timeout=60)
-    assert proc.returncode == 247, out[-3000:]  # -9 as an exit status
+    code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=1", "cluster.ps=1",
+                              "data=synthetic", "data.train_examples=1024", "data.test_examples=256",
+                              "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2",  # 32 steps an epoch
+                              "cluster.max_restarts=0", *SGD_MLP,
+                              chaos=_kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))
+    assert code % 256 == 247, out[-3000:]  # -9 as an exit status: what the shell sees of sys.exit(-9)
     assert f"error: task ps-0 exited with status -9; the end of its log ({run_dir / 'logs' / 'ps-0.log'}):" in out
     # The coordinator's reports of the functions it retries, and TensorFlow's of the functions it cannot
     # register (which of them depends on the timing), stay in its log: after its epochs, at most its own line.
