@@ -253,6 +253,14 @@ def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int
     return done.returncode, done.stdout + done.stderr
 
 
+def kill_in_epoch_2(log: Path, run_dir: Path, victim: str):
+    """The chaos (while_running) that SIGKILLs one task of a local cluster once `log` shows epoch 2."""
+    def chaos(run):
+        wait_until(lambda: log.exists() and "Epoch 2/" in log.read_text(), run, "epoch 2")
+        kill_task(run_dir, victim)
+    return chaos
+
+
 def wait_until(predicate, proc, what, timeout=RUN_TIMEOUT, interval=0.2):
     deadline = time.monotonic() + timeout
     while not predicate():

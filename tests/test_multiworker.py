@@ -20,8 +20,8 @@ import tf_keras as keras
 
 from distrain import data, memory
 from distrain.training import train
-from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_task, make_cfg, run_cli, start, task_state,
-                     tensorboard_values, untimed, wait_until, while_running, write_idx)
+from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_in_epoch_2, kill_task, make_cfg,
+                     run_cli, start, task_state, tensorboard_values, untimed, wait_until, while_running, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
@@ -199,15 +199,10 @@ def test_a_parameter_server_worker_with_no_restart_left_leaves_and_the_run_ends_
     """cluster.max_restarts=0: worker 1 lost leaves the run at once; worker 0 trains to the end, the run
     learns, and results.json says who left and how many workers there were at the end."""
     run_dir = tmp_path / "run"
-    chief_log = run_dir / "logs" / "chief-0.log"
-
-    def chaos(run):
-        wait_until(lambda: chief_log.exists() and "Epoch 2/6" in chief_log.read_text(), run, "epoch 2")
-        kill_task(run_dir, "worker-1")
     code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
                               "data=synthetic", "data.train_examples=2048", "trainer.epochs=6", "trainer.batch_size=32",
                               "trainer.verbose=2", "trainer.save_model=false", "cluster.max_restarts=0", "model=mlp",
-                              chaos=chaos)
+                              chaos=kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "worker-1"))
     assert code == 0, out[-4000:]
     assert "task worker-1 exited with status -9: it leaves the run, which goes on with 1 worker(s)" in out
     results = json.loads((run_dir / "results.json").read_text())

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import (assert_nothing_left, finish, in_process, kill_task, run_cli, small, start, untimed, wait_until,
-                     while_running)
+from helpers import (assert_nothing_left, finish, in_process, kill_in_epoch_2, kill_task, run_cli, small, start,
+                     untimed, wait_until, while_running)
 from distrain import runners
 from distrain.errors import ConfigError
 from distrain.training import train
@@ -134,13 +134,6 @@ def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, steps_per_epoch: int, vict
     return chaos
 
 
-def _kill_in_epoch_2(log: Path, run_dir: Path, victim: str):
-    """What SIGKILLs one task of a local cluster once `log` shows epoch 2 (while_running)."""
-    def chaos(run):
-        wait_until(lambda: log.exists() and "Epoch 2/" in log.read_text(), run, "epoch 2")
-        kill_task(run_dir, victim)
-    return chaos
-
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
@@ -256,7 +249,7 @@ def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_pa
     code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
                               "data=synthetic", "data.train_examples=2048", "trainer.epochs=4", "trainer.batch_size=32",
                               "trainer.verbose=2", "model=mlp",
-                              chaos=_kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))
+                              chaos=kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))
     assert code == 0, out[-3000:]
     assert "task ps-0 exited with status -9: restarting the cluster from its latest checkpoint" in out
     results = json.loads((run_dir / "results.json").read_text())
@@ -277,7 +270,7 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     code, out = while_running(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
                               "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50",
                               "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=0",
-                              *SGD_MLP, chaos=_kill_in_epoch_2(log, run_dir, "worker-1"))  # 32 steps an epoch
+                              *SGD_MLP, chaos=kill_in_epoch_2(log, run_dir, "worker-1"))  # 32 steps an epoch
     assert code != 0, out[-3000:]
     assert f"error: task worker-1 exited with status -9; the end of its log ({log.parent}/worker-1.log):" in out
     assert len([line for line in out.splitlines() if re.match(r"(\[[^]]*\] )?error:", line)]) == 1, out[-3000:]
@@ -294,7 +287,7 @@ def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
                               "data=synthetic", "data.train_examples=1024", "data.test_examples=256",
                               "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2",  # 32 steps an epoch
                               "cluster.max_restarts=0", *SGD_MLP,
-                              chaos=_kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))
+                              chaos=kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))
     assert code % 256 == 247, out[-3000:]  # -9 as an exit status: what the shell sees of sys.exit(-9)
     assert f"error: task ps-0 exited with status -9; the end of its log ({run_dir / 'logs' / 'ps-0.log'}):" in out
     # The coordinator's reports of the functions it retries, and TensorFlow's of the functions it cannot
