@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MAKE_TEST = ["-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder"]  # (the Makefile's)
 
 RECORDER = '''
 import atexit, os, sys, time
@@ -63,8 +64,7 @@ def run(out: Path, args: list) -> float:
     (code / "suite_cpu_plugin.py").write_text(f"OUT = {str(out)!r}\n{PLUGIN}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
     before = os.times()
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder",
-                    "-p", "suite_cpu_plugin", *args], cwd=ROOT, env=env, check=False)
+    subprocess.run([sys.executable, *MAKE_TEST, "-p", "suite_cpu_plugin", *args], cwd=ROOT, env=env, check=False)
     after = os.times()
     return (after.children_user + after.children_system) - (before.children_user + before.children_system)
 

@@ -12,15 +12,17 @@ A shared host drifts: run the pair again in the other order (--other-first) befo
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from suite_cpu import MAKE_TEST  # (beside this file: `make test`'s command)
+
 ROOT = Path(__file__).resolve().parents[1]
 MASKED = re.compile(r"^(avx512\w*|amx\w*|avx_vnni)$")
-PYTEST = ["-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-p", "no:cacheprovider"]
 
 
 def masked_cpuinfo(path: Path) -> None:
@@ -63,11 +65,12 @@ def suite(tree: Path, cpuinfo: Path, args: list, log: Path) -> tuple:
     """(CPU-s, wall seconds, pytest's last line) of the suite of `tree`."""
     group = Accounted(f"suite-ratio-{os.getpid()}-{tree.name}")
     python = ROOT / ".venv" / "bin" / "python"
-    command = " ".join(map(str, [python, *PYTEST, *args]))
+    command = shlex.join(map(str, [python, *MAKE_TEST, "-p", "no:cacheprovider", *args]))
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    mount = f"mount --bind {shlex.quote(str(cpuinfo))} /proc/cpuinfo"
     started = time.monotonic()
     with open(log, "w") as out:
-        subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {cpuinfo} /proc/cpuinfo && exec {command}"],
+        subprocess.run(["unshare", "-m", "sh", "-c", f"{mount} && exec {command}"],
                        cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=group.join)
     wall = time.monotonic() - started
     time.sleep(2)
