@@ -254,10 +254,12 @@ def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int
 
 
 def kill_in_epoch_2(log: Path, run_dir: Path, victim: str):
-    """The chaos (while_running) that SIGKILLs one task of a local cluster once `log` shows epoch 2."""
+    """The chaos (while_running) that SIGKILLs one task of a local cluster once `log` shows epoch 2; its
+    `killed` is then when (time.monotonic())."""
     def chaos(run):
         wait_until(lambda: log.exists() and "Epoch 2/" in log.read_text(), run, "epoch 2")
         kill_task(run_dir, victim)
+        chaos.killed = time.monotonic()
     return chaos
 
 

@@ -134,7 +134,6 @@ def _kill_after_a_mid_epoch_checkpoint(run_dir: Path, steps_per_epoch: int, vict
     return chaos
 
 
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The run directory of `python train.py ARGS` never stopped, run once per ARGS for the module."""
@@ -267,11 +266,12 @@ def test_with_no_restarts_left_a_death_ends_the_run_with_one_line(tmp_path):
     restarted after a loss: the SIGKILL above.)"""
     run_dir = tmp_path / "run"
     log = run_dir / "logs" / "worker-0.log"
+    chaos = kill_in_epoch_2(log, run_dir, "worker-1")
     code, out = while_running(run_dir, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=synthetic",
                               "data.train_examples=1024", "data.test_examples=256", "trainer.epochs=50",
                               "trainer.batch_size=32", "trainer.verbose=2", "cluster.max_restarts=0",
-                              *SGD_MLP, chaos=kill_in_epoch_2(log, run_dir, "worker-1"))  # 32 steps an epoch
-    assert code != 0, out[-3000:]
+                              *SGD_MLP, chaos=chaos)  # 32 steps an epoch
+    assert code != 0 and time.monotonic() - chaos.killed < 60, out[-3000:]  # ended within a minute of the loss
     assert f"error: task worker-1 exited with status -9; the end of its log ({log.parent}/worker-1.log):" in out
     assert len([line for line in out.splitlines() if re.match(r"(\[[^]]*\] )?error:", line)]) == 1, out[-3000:]
     # (the launcher's alone: worker 0's own news of its lost peer is no second error line)
@@ -283,12 +283,13 @@ def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
     """Under parameter servers too: a ps task holds the only copy of its variables, so with no cluster
     restart left its loss ends the run; one error line on the terminal, no TensorFlow error lines."""
     run_dir = tmp_path / "run"
+    chaos = kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0")
     code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=1", "cluster.ps=1",
                               "data=synthetic", "data.train_examples=1024", "data.test_examples=256",
                               "trainer.epochs=50", "trainer.batch_size=32", "trainer.verbose=2",  # 32 steps an epoch
-                              "cluster.max_restarts=0", *SGD_MLP,
-                              chaos=kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))
+                              "cluster.max_restarts=0", *SGD_MLP, chaos=chaos)
     assert code % 256 == 247, out[-3000:]  # -9 as an exit status: what the shell sees of sys.exit(-9)
+    assert time.monotonic() - chaos.killed < 60  # ended within a minute of the loss
     assert f"error: task ps-0 exited with status -9; the end of its log ({run_dir / 'logs' / 'ps-0.log'}):" in out
     # The coordinator's reports of the functions it retries, and TensorFlow's of the functions it cannot
     # register (which of them depends on the timing), stay in its log: after its epochs, at most its own line.
