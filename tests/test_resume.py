@@ -245,7 +245,7 @@ def test_an_incompatible_checkpoint_is_refused(tmp_path):
 
 def test_a_dead_parameter_server_restarts_the_cluster_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
+    code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=1", "cluster.ps=1",
                               "data=synthetic", "data.train_examples=2048", "trainer.epochs=4", "trainer.batch_size=32",
                               "trainer.verbose=2", "model=mlp",
                               chaos=kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "ps-0"))

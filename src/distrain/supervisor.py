@@ -414,11 +414,15 @@ def stop_all(tasks: list) -> None:
     """SIGTERM every task still running, then SIGKILL what has not ended within one grace period.
 
     The tasks that train go first: on SIGTERM they finish the step under way and checkpoint it, which
-    under parameter servers needs the ps and worker servers, stopped only then."""
+    under parameter servers needs the ps and worker servers, stopped only then. A chief none of whose
+    workers is left cannot finish its step (its functions wait for a worker): SIGKILL at once, as the
+    grace period would end."""
     deadline = time.monotonic() + STOP_GRACE_SECONDS
+    workers = [t for t in tasks if t.alone]
+    stranded = bool(workers) and all(t.proc is None or t.proc.poll() is not None for t in workers)
     for group in ([t for t in tasks if t.main], [t for t in tasks if not t.main]):
         for task in group:
-            task.stop()
+            task.stop(signal.SIGKILL if stranded and task.main else signal.SIGTERM)
         for task in group:
             if task.proc is None:
                 continue
