@@ -231,9 +231,9 @@ def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int
     """run_cli's run (its launcher in this process, its tasks forked from this process's fork server: no
     TensorFlow to import for a server of its own), while chaos(run) does to its tasks what the test does, in
     a thread (run: what wait_until takes for a Popen). Its exit status and what it printed (stdout, then
-    stderr); what chaos raised is raised once the run has ended. For tests that signal tasks only: one
-    that signals the launcher starts it as a process of its own (start)."""
-    run, failed = _Running(), []
+    stderr); what chaos raised is raised once the run has ended. chaos may signal the launcher as a shell
+    or a scheduler does (to_the_launcher); a test of the launcher's own process starts it apart (start)."""
+    run, failed, stray = _Running(), [], []
 
     def act():
         try:
@@ -241,6 +241,9 @@ def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int
         except BaseException as exc:  # noqa: BLE001 - raised in the test's thread, below
             failed.append(exc)
 
+    # While the run goes on, SIGINT and SIGTERM are the launcher's (supervisor.run_tasks); before and after
+    # it, one sent to the launcher would stop this process: it is recorded instead, and fails the test.
+    previous = {s: signal.signal(s, lambda signum, _: stray.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     thread = threading.Thread(target=act, daemon=True)
     thread.start()
     try:
@@ -248,9 +251,18 @@ def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int
     finally:
         run.returncode = -1  # (the chaos's waits end: the run has)
         thread.join(timeout=30)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if failed:
         raise failed[0]
+    assert not stray, f"signal {stray} sent to the launcher while no run went on"
     return done.returncode, done.stdout + done.stderr
+
+
+def to_the_launcher(sig: int, run) -> None:
+    """Ctrl-C (SIGINT) or a scheduler's SIGTERM to the launcher of while_running's run, if it goes on."""
+    if run.poll() is None:
+        os.kill(os.getpid(), sig)
 
 
 def kill_in_epoch_2(log: Path, run_dir: Path, victim: str):

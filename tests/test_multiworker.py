@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from distrain import data, memory
 from distrain.supervisor import STOP_GRACE_SECONDS
 from distrain.training import train
 from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_in_epoch_2, kill_task, make_cfg,
-                     run_cli, start, task_state, tensorboard_values, untimed, wait_until, while_running, write_idx)
+                     run_cli, start, task_state, tensorboard_values, to_the_launcher, untimed, wait_until, while_running,
+                     write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
@@ -103,7 +105,8 @@ def check_forked(run_dir):
     assert Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")[1:4] == [b"-m", b"distrain.forkserver", b"(shared)"]
 
 
-def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_then_restart_the_cluster(tmp_path):
+def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_then_restart_the_cluster(
+        tmp_path, monkeypatch):
     """cluster.max_restarts=1 within cluster.restart_window=6 s, two workers. Each lost in turn (0, then 1
     once 0 is back, as losses spread over time are) is restarted on its own address and trains again.
     Worker 0 lost once its restart is older than the window is restarted again; lost again at once, it is
@@ -111,69 +114,72 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
     Worker 1 lost next cannot rejoin alone with worker 0 gone: the cluster restarts from its latest
     checkpoint, every worker in it. Ctrl-C then ends it all."""
     run_dir, tmp, window = tmp_path / "run", tmp_path / "tmp", 6  # (its last restart trains again within it)
-    tmp.mkdir()  # this run's temporary files, apart from other runs'
-    proc = start(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "data=synthetic",
-                 "data.train_examples=2048", "trainer.epochs=1000", "trainer.batch_size=32",
-                 "trainer.save_model=false", "trainer.verbose=2", "cluster.max_restarts=1",
-                 f"cluster.restart_window={window}", "model=mlp", env={**os.environ, "TMPDIR": str(tmp)})
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # this run's temporary files, apart from other runs'
     chief_log = run_dir / "logs" / "chief-0.log"
     logs = [run_dir / "logs" / f"worker-{i}.log" for i in range(2)]
     epochs = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)",  # noqa: E731
                                 chief_log.read_text())
     restarts = lambda: json.loads((run_dir / "cluster.json").read_text())["restarts"]  # noqa: E731
+    seen = {}
 
-    def trains_again(i):
-        lost = int(epochs()[-1][i])
-        wait_until(lambda: int(epochs()[-1][i]) > lost + 8, proc, f"worker {i} to train again")
+    def chaos(run):
+        def trains_again(i):
+            lost = int(epochs()[-1][i])
+            wait_until(lambda: int(epochs()[-1][i]) > lost + 8, run, f"worker {i} to train again")
 
-    def restarted_longer_ago_than_the_window(i):
-        last = [r["time"] for r in restarts() if r["task"] == f"worker-{i}"][-1]
-        wait_until(lambda: time.time() > last + window + 0.5, proc, f"worker {i}'s restart to leave the window")
+        def restarted_longer_ago_than_the_window(i):
+            last = [r["time"] for r in restarts() if r["task"] == f"worker-{i}"][-1]
+            wait_until(lambda: time.time() > last + window + 0.5, run, f"worker {i}'s restart to leave the window")
 
-    try:
-        wait_until(lambda: chief_log.exists() and len(epochs()) >= 2, proc, "epoch 2")
-        scratch = list(tmp.glob("distrain-scratch-*/distrain-data-*/train-*"))
-        assert len(scratch) == 2  # the control: while it runs, the workers read the synthetic data from there
-        cluster = json.loads((run_dir / "cluster.json").read_text())
-        if cluster["network"] == "private network namespace":  # where the platform allows one
-            for address in [a for addresses in cluster["cluster"].values() for a in addresses]:
-                host, port = address.split(":")
-                with pytest.raises(ConnectionRefusedError):  # the servers are unreachable from outside
-                    socket.create_connection((host, int(port)), timeout=5).close()
-        for i in range(2):
-            kill_task(run_dir, f"worker-{i}")
-            wait_until(lambda: "--- restart 1 ---" in logs[i].read_text(), proc, f"worker {i}'s restart")
-            trains_again(i)
-        check_forked(run_dir)  # the restarted workers too
-        restarted_longer_ago_than_the_window(0)
-        kill_task(run_dir, "worker-0")  # its restart is older than the window: restarted again
-        wait_until(lambda: task_state(run_dir, "worker-0")["restarts"] == 2, proc, "worker 0's second restart")
-        # Not while the coordinator takes it back: a worker lost during TensorFlow's cluster update leaves that
-        # update failed, and the coordinator then never schedules on the workers it was taking back.
-        trains_again(0)
-        kill_task(run_dir, "worker-0")  # (its new pid) within the window of the last: past its budget
-        wait_until(lambda: len(restarts()) == 4, proc, "worker 0 to leave")
-        since = len(epochs())
-        wait_until(lambda: len(epochs()) > since, proc, "an epoch without worker 0")
-        first = [int(n) for n in epochs()[since]]
+        try:
+            wait_until(lambda: chief_log.exists() and len(epochs()) >= 2, run, "epoch 2")
+            seen["scratch"] = scratch = list(tmp.glob("distrain-scratch-*/distrain-data-*/train-*"))
+            assert len(scratch) == 2  # the control: while it runs, the workers read the synthetic data from there
+            cluster = json.loads((run_dir / "cluster.json").read_text())
+            if cluster["network"] == "private network namespace":  # where the platform allows one
+                for address in [a for addresses in cluster["cluster"].values() for a in addresses]:
+                    host, port = address.split(":")
+                    with pytest.raises(ConnectionRefusedError):  # the servers are unreachable from outside
+                        socket.create_connection((host, int(port)), timeout=5).close()
+            for i in range(2):
+                kill_task(run_dir, f"worker-{i}")
+                wait_until(lambda: "--- restart 1 ---" in logs[i].read_text(), run, f"worker {i}'s restart")
+                trains_again(i)
+            check_forked(run_dir)  # the restarted workers too
+            restarted_longer_ago_than_the_window(0)
+            kill_task(run_dir, "worker-0")  # its restart is older than the window: restarted again
+            wait_until(lambda: task_state(run_dir, "worker-0")["restarts"] == 2, run, "worker 0's second restart")
+            # Not while the coordinator takes it back: a worker lost during TensorFlow's cluster update leaves
+            # that update failed, and the coordinator then never schedules on the workers it was taking back.
+            trains_again(0)
+            kill_task(run_dir, "worker-0")  # (its new pid) within the window of the last: past its budget
+            wait_until(lambda: len(restarts()) == 4, run, "worker 0 to leave")
+            since = len(epochs())
+            wait_until(lambda: len(epochs()) > since, run, "an epoch without worker 0")
+            first = [int(n) for n in epochs()[since]]
 
-        def grew():
-            return next(([int(n) for n in e] for e in epochs()[since + 1:] if int(e[1]) > first[1]), None)
-        wait_until(grew, proc, "worker 1 to train on without worker 0")
-        left = [first, grew()]
-        restarted_longer_ago_than_the_window(1)
-        kill_task(run_dir, "worker-1")
-        lost = time.monotonic()
-        wait_until(lambda: "--- restart 1 ---" in chief_log.read_text(), proc, "the cluster's restart")
-        # With no worker left the chief cannot finish its step: it is not given the grace period to.
-        assert time.monotonic() - lost < STOP_GRACE_SECONDS
-        wait_until(lambda: "Epoch 2/1000" in chief_log.read_text().partition("--- restart 1 ---")[2], proc,
-                   "the restarted cluster's epoch 2")
-        everyone = [int(n) for n in epochs()[-1]]
-    finally:
-        proc.send_signal(signal.SIGINT)  # (also when a check above failed: no waiting for 1000 epochs)
-        out = finish(proc)
-    assert proc.returncode == 130 and "Traceback" not in out, out[-4000:]
+            def grew():
+                return next(([int(n) for n in e] for e in epochs()[since + 1:] if int(e[1]) > first[1]), None)
+            wait_until(grew, run, "worker 1 to train on without worker 0")
+            seen["left"] = [first, grew()]
+            restarted_longer_ago_than_the_window(1)
+            kill_task(run_dir, "worker-1")
+            lost = time.monotonic()
+            wait_until(lambda: "--- restart 1 ---" in chief_log.read_text(), run, "the cluster's restart")
+            # With no worker left the chief cannot finish its step: it is not given the grace period to.
+            assert time.monotonic() - lost < STOP_GRACE_SECONDS
+            wait_until(lambda: "Epoch 2/1000" in chief_log.read_text().partition("--- restart 1 ---")[2], run,
+                       "the restarted cluster's epoch 2")
+            seen["everyone"] = [int(n) for n in epochs()[-1]]
+        finally:
+            to_the_launcher(signal.SIGINT, run)  # (also when a check above failed: no waiting for 1000 epochs)
+    code, out = while_running(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
+                              "data=synthetic", "data.train_examples=2048", "trainer.epochs=1000",
+                              "trainer.batch_size=32", "trainer.save_model=false", "trainer.verbose=2",
+                              "cluster.max_restarts=1", f"cluster.restart_window={window}", "model=mlp", chaos=chaos)
+    left, everyone = seen["left"], seen["everyone"]
+    assert code == 130 and "Traceback" not in out, out[-4000:]
     for i, times in ((0, 2), (1, 1)):
         assert out.count(f"task worker-{i} exited with status -9: restarting it on its own address (restart 1 of 1 "
                          f"within {window} s (cluster.restart_window), cluster.max_restarts)") == times
@@ -196,7 +202,7 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
     assert "Failed to connect" not in out  # the coordinator's retries stay in its log
     assert "ERROR:tensorflow" not in out and "ERROR:tensorflow" in chief_log.read_text()  # (the control)
     assert_nothing_left(run_dir)
-    assert not [p for p in scratch if p.exists()]  # ...and they went with the run
+    assert not [p for p in seen["scratch"] if p.exists()]  # ...and they went with the run
 
 
 def test_a_parameter_server_worker_with_no_restart_left_leaves_and_the_run_ends_without_it(tmp_path):

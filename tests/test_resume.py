@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import (assert_nothing_left, finish, in_process, kill_in_epoch_2, kill_task, run_cli, small, start,
+from helpers import (assert_nothing_left, in_process, kill_in_epoch_2, kill_task, run_cli, small, to_the_launcher,
                      untimed, wait_until, while_running)
 from distrain import runners
 from distrain.errors import ConfigError
@@ -308,19 +308,21 @@ def test_a_ps_task_lost_past_the_budget_ends_the_run_with_one_line(tmp_path):
                                                ("multi_worker_mirrored", "worker-0")])
 def test_sigterm_checkpoints_the_step_it_stopped_at(tmp_path, strategy, log_name):
     """The newest checkpoint is the step it stopped at, which a resume goes on from (from a newest
-    checkpoint inside an epoch: the resumes above, and by hand after a full disk, test_storage)."""
+    checkpoint inside an epoch: the resumes above, and by hand after a full disk, test_storage). SIGTERM
+    goes to the launcher, as a scheduler sends it (a launcher of its own process: test_slurm's requeue)."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic", "data.train_examples=8192",
-                 "trainer.epochs=20", "trainer.verbose=2", "trainer.checkpoint_every_steps=1000", *SGD_MLP[:-1])
     log = run_dir / "logs" / f"{log_name}.log"
-    try:
-        wait_until(lambda: log.exists() and "Epoch 2/20" in log.read_text(), proc, "epoch 2", interval=0.1)
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-    finally:
-        out = finish(proc, timeout=60)
-    stopped_in = time.monotonic() - started
-    assert proc.returncode == 143, out[-3000:]
+    sent = {}
+
+    def chaos(run):
+        wait_until(lambda: log.exists() and "Epoch 2/20" in log.read_text(), run, "epoch 2", interval=0.1)
+        sent["at"] = time.monotonic()
+        to_the_launcher(signal.SIGTERM, run)
+    code, out = while_running(run_dir, f"strategy={strategy}", "cluster.workers=2", "data=synthetic",
+                              "data.train_examples=8192", "trainer.epochs=20", "trainer.verbose=2",
+                              "trainer.checkpoint_every_steps=1000", *SGD_MLP[:-1], chaos=chaos)
+    stopped_in = time.monotonic() - sent["at"]
+    assert code == 143, out[-3000:]
     assert stopped_in < 15  # every process gone well within the grace period
     step = int(re.search(r"stopped by SIGTERM at global step (\d+): checkpoint saved", out).group(1))
     # 8192 // 128 = 64 steps an epoch; stopped after epoch 2, before the first periodic checkpoint (1000 of 1280).
