@@ -229,10 +229,17 @@ class _Running:
 
 def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int, str]:
     """run_cli's run (its launcher in this process, its tasks forked from this process's fork server: no
-    TensorFlow to import for a server of its own), while chaos(run) does to its tasks what the test does, in
-    a thread (run: what wait_until takes for a Popen). Its exit status and what it printed (stdout, then
-    stderr); what chaos raised is raised once the run has ended. chaos may signal the launcher as a shell
-    or a scheduler does (to_the_launcher); a test of the launcher's own process starts it apart (start)."""
+    TensorFlow to import for a server of its own), while chaos(run) does to its tasks what the test does
+    (during). Its exit status and what it printed (stdout, then stderr)."""
+    done = during(chaos, lambda: run_cli(run_dir, *args, timeout=timeout))
+    return done.returncode, done.stdout + done.stderr
+
+
+def during(chaos, command):
+    """command() (a distrain command in this process: run_cli, here) while chaos(run) does to its tasks what
+    the test does, in a thread (run: what wait_until takes for a Popen). What command() returned; what
+    chaos raised is raised once the command has ended. chaos may signal the launcher as a shell or a
+    scheduler does (to_the_launcher); a test of the launcher's own process starts it apart (start)."""
     run, failed, stray = _Running(), [], []
 
     def act():
@@ -247,16 +254,16 @@ def while_running(run_dir: Path, *args, chaos, timeout=RUN_TIMEOUT) -> tuple[int
     thread = threading.Thread(target=act, daemon=True)
     thread.start()
     try:
-        done = run_cli(run_dir, *args, timeout=timeout)
+        done = command()
     finally:
-        run.returncode = -1  # (the chaos's waits end: the run has)
+        run.returncode = -1  # (the chaos's waits end: the command has)
         thread.join(timeout=30)
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failed:
         raise failed[0]
     assert not stray, f"signal {stray} sent to the launcher while no run went on"
-    return done.returncode, done.stdout + done.stderr
+    return done
 
 
 def to_the_launcher(sig: int, run) -> None:

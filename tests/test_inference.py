@@ -4,14 +4,12 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from distrain import cluster, cpu, data, forkserver, inference, launcher, parts, tfrecords
-from helpers import TRAIN_PY, alive, make_cfg, task_pids, task_state, wait_until
+from helpers import alive, during, here, make_cfg, task_pids, task_state, wait_until
 
 pytestmark = pytest.mark.slow  # a trained run, and TensorFlow in this process
 
@@ -168,20 +166,6 @@ def test_parts_cover_every_example_once_in_order_and_a_missing_part_is_named(tmp
         parts.merge(tmp_path, plan)
 
 
-def command(command, run, *args, cwd):
-    """`distrain COMMAND RUN ARGS` as a process of its own, as a user starts it."""
-    return subprocess.Popen([sys.executable, str(TRAIN_PY), command, str(run), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=cwd)
-
-
-def ended(proc, timeout=240) -> str:
-    try:
-        return proc.communicate(timeout=timeout)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
 def stopped_after_a_part(where, proc, name: str, k: int) -> int:
     """Task `name` SIGSTOPped as soon as its part k is written (its pid from cluster.json), then SIGKILLed:
     how many parts there were when it stopped."""
@@ -201,13 +185,16 @@ def test_predict_on_two_workers_with_one_killed_gives_every_output_once_in_order
     tfrecords.write(pixels, y, tmp_path, "test", 3)
     tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
     order = [i for shard in range(3) for i in range(shard, len(y), 3)]
-    proc = command("predict", run, "data=tfrecord", f"data.train_files={tmp_path}/train-*",
-                   f"data.test_files={tmp_path}/test-*", "strategy=multi_worker_mirrored", "cluster.workers=2",
-                   "trainer.batch_size=8", "part_size=8", f"out={tmp_path / 'p.npz'}", cwd=tmp_path)
-    where = run / "evaluations" / "predict"
-    written = stopped_after_a_part(where, proc, "worker-1", 1)
-    out = ended(proc)
-    assert proc.returncode == 0, out[-3000:]
+    where, written = run / "evaluations" / "predict", []
+
+    def chaos(proc):
+        written.append(stopped_after_a_part(where, proc, "worker-1", 1))
+    code, out, _ = during(chaos, lambda: here(tmp_path, [  # (in this process: its fork server is this one's)
+        "predict", str(run), "data=tfrecord", f"data.train_files={tmp_path}/train-*",
+        f"data.test_files={tmp_path}/test-*", "strategy=multi_worker_mirrored", "cluster.workers=2",
+        "trainer.batch_size=8", "part_size=8", f"out={tmp_path / 'p.npz'}"]))
+    assert code == 0, out[-3000:]
+    written = written[0]
     assert written < len(parts.plan(len(y), 8)), "every part was written before the kill: nothing was proved"
     cluster = json.loads((where / "cluster.json").read_text())
     assert [r["task"] for r in cluster["restarts"]] == ["worker-1"] and cluster["restarts"][0]["exit_status"] == -9
