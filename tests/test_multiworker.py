@@ -23,8 +23,8 @@ from distrain import data, memory
 from distrain.supervisor import STOP_GRACE_SECONDS
 from distrain.training import train
 from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_in_epoch_2, kill_task, make_cfg,
-                     run_cli, start, task_state, tensorboard_values, to_the_launcher, untimed, wait_until, while_running,
-                     write_idx)
+                     run_cli, start, task_state, tensorboard_values, to_the_launcher, untimed, wait_until,
+                     while_running, write_idx)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 

@@ -74,7 +74,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, progress)
     KEPT.append(runner)  # (never deleted: runners.KEPT)
     callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
-    if t.validate_every or cfg.get("callbacks"):  # evaluate() during training, and callbacks' model.optimizer
+    compiled = bool(t.validate_every or cfg.get("callbacks"))
+    if compiled:  # evaluate() during training, and callbacks' model.optimizer
         compile_model(model, optimizer, cfg, probabilities)
     rebuild = lambda: build(cfg, data, policy)[:2]  # noqa: E731 - a local model and optimizer (parameter servers)
     validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
@@ -83,8 +84,10 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     # What the input pipeline delivers alone, read for a moment (1% of the training time) on the chief
     timed = chief and t.time_split
     rate, cpu = read_alone(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else (None, None)
-    model, optimizer = runner.finish(model, rebuild)
-    compile_model(model, optimizer, cfg, probabilities)  # for evaluate()
+    trained, optimizer = runner.finish(model, rebuild)
+    if trained is not model or not compiled:  # (else compiled so already: its test function traced once)
+        compile_model(trained, optimizer, cfg, probabilities)  # for evaluate()
+    model = trained
     test = evaluate(model, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
     saved = runner.to_save(model, optimizer, rebuild, chief) if t.save_model else None
     if saved:
