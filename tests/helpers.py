@@ -267,7 +267,7 @@ def during(chaos, command):
 
 
 def to_the_launcher(sig: int, run) -> None:
-    """Ctrl-C (SIGINT) or a scheduler's SIGTERM to the launcher of while_running's run, if it goes on."""
+    """Ctrl-C (SIGINT) or a scheduler's SIGTERM to the launcher of the command `during` runs, while it runs."""
     if run.poll() is None:
         os.kill(os.getpid(), sig)
 
