@@ -79,6 +79,12 @@ def suite(tree: Path, cpuinfo: Path, args: list, log: Path) -> tuple:
     return cpu, wall, log.read_text().strip().splitlines()[-1]
 
 
+def minutes(seconds: float) -> str:
+    """M:SS.s (whole minutes: 419.7 s is 6:59.7)."""
+    whole, rest = divmod(round(seconds, 1), 60)
+    return f"{whole:.0f}:{rest:04.1f}"
+
+
 def fail(line: str) -> None:
     print(f"error: {line}", file=sys.stderr)
     sys.exit(2)
@@ -102,7 +108,7 @@ def main() -> None:
         for n, tree in enumerate(trees):
             found[tree] = suite(tree, cpuinfo, a.pytest_args, Path(tmp) / f"{n}.log")
             cpu, wall, last = found[tree]
-            print(f"{tree}: {cpu:.0f} CPU-s, {wall / 60:.0f}:{wall % 60:04.1f} ({last})", flush=True)
+            print(f"{tree}: {cpu:.0f} CPU-s, {minutes(wall)} ({last})", flush=True)
     (mine, _, _), (theirs, _, _) = found[ROOT], found[a.other.resolve()]
     print(f"this checkout / {a.other}: {mine / theirs:.2f} in CPU-s")
 
