@@ -79,8 +79,18 @@ LONGEST_FIRST = ["test_docs_run",  # 280 s
                  "test_optimizer"]  # 8 s; the others take seconds
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(trylast=True)  # (after -m and -k have chosen)
+def pytest_collection_modifyitems(config, items):
     def rank(item):
         module = item.path.stem
         return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
     items.sort(key=rank)  # stable: the tests of a module keep their order
+    # A document whose commands test_docs_run runs (and composes, where it cannot run one) needs no test_docs
+    # composing them first; make test-fast, without the runs, keeps test_docs's.
+    run = {item.callspec.params["doc"] for item in items
+           if item.originalname == "test_every_command_of_the_docs_runs_as_it_says"}
+    composed = [item for item in items if item.originalname == "test_every_command_of_the_docs_composes_and_checks"
+                and item.callspec.params["doc"] in run]
+    if composed:
+        config.hook.pytest_deselected(items=composed)
+        items[:] = [item for item in items if item not in composed]

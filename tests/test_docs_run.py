@@ -8,7 +8,9 @@ no range: test_task trains those examples at full length and checks them loosely
 Trainings run short: the test adds epochs of 2 steps, 3 epochs (4 at most where the command names more), a run
 directory of its own where the command names none, and nothing else. The reader's own files that
 the docs name without showing (mydata.npz, rows.npz, an image folder) are made here, small. A
-command not run is in NOT_RUN (or test_docs.NOT_HERE), matched on its text, with the reason.
+command not run is in NOT_RUN (or test_docs.NOT_HERE), matched on its text, with the reason; one of
+NOT_RUN is composed and checked instead, as test_docs does. (So where this runs a document, `make test`
+leaves out test_docs's composing of it: conftest. `make test-fast` keeps that.)
 A command whose comment says `# needs: apt-get install PACKAGE` gets the package first, as the reader
 does (where that cannot be done: not run, with the reason, and a warning).
 
@@ -33,7 +35,7 @@ from sybil.parsers.markdown import CodeBlockParser
 
 from distrain import cli, tfrecords
 from helpers import ROOT, here
-from test_docs import DOCS, NOT_HERE, READERS_MODULES, commands, distrain_args, lay_out
+from test_docs import DOCS, NEEDS_ELSEWHERE, NOT_HERE, READERS_MODULES, check, commands, distrain_args, lay_out
 
 pytestmark = pytest.mark.slow
 
@@ -146,8 +148,16 @@ class Reader:
             why = why or (install(needs[line]) if line in needs else None)
             if why and line in needs:
                 warnings.warn(f"{self.doc}:{at}: {line} not run: {why}")
-            if args is None or why:
-                self.not_run.append((at, line, why or NOT_HERE.get(words[0], "not distrain's")))
+            if args is None:
+                if words[0] not in NOT_HERE:
+                    self.problems.append(f"{self.doc}:{at}: {line}\n    neither distrain's nor in test_docs.NOT_HERE")
+                self.not_run.append((at, line, why or NOT_HERE.get(words[0], "unknown")))
+                continue
+            if why:  # composed and checked instead, as test_docs does (where it names nothing of elsewhere)
+                said = "" if any(marker in line for marker in NEEDS_ELSEWHERE) else check(args, cwd)
+                if said:
+                    self.problems.append(f"{self.doc}:{at}: {line} (not run: {why})\n    {said}")
+                self.not_run.append((at, line, why))
                 continue
             key = (str(cwd.relative_to(self.project)), line)
             if key in ALREADY:  # (the same command in the same directory, in a document run before)
@@ -243,21 +253,56 @@ def reader_home(tmp_path: Path, doc: str) -> Path:
     return home / Path(doc).parent if doc.startswith("examples/") else home
 
 
-@pytest.mark.parametrize("doc", DOCS)
-def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path):
-    home = reader_home(tmp_path, doc)
-    reader = Reader(doc, home, tmp_path / "project")
+def read(reader: Reader, doc: Path) -> Reader:
+    """The reader, through the document: each of its blocks in order."""
     sybil = Sybil(parsers=[CodeBlockParser("bash", reader.shell), CodeBlockParser("console", reader.transcript),
                            CodeBlockParser("yaml", reader.config), CodeBlockParser("python", reader.config)],
-                  path=str((ROOT / doc).parent), patterns=[Path(doc).name])
-    for example in sybil.parse(ROOT / doc):
+                  path=str(doc.parent), patterns=[doc.name])
+    for example in sybil.parse(doc):
         example.evaluate()
+    return reader
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path):
+    reader = read(Reader(doc, reader_home(tmp_path, doc), tmp_path / "project"), ROOT / doc)
     print(f"{doc}: {len(reader.ran)} run:", *(f"  {line}: {command}" for line, command in reader.ran), sep="\n")
     print(f"{len(reader.not_run)} not run:",
           *(f"  {line}: {command} ({why})" for line, command, why in reader.not_run), sep="\n")
     assert not reader.problems, "\n".join(reader.problems)
     if doc in ("README.md", "docs/configuration.md"):
         assert len(reader.ran) >= 20  # the docs' commands were found (a parser that finds none would pass)
+
+
+def test_a_command_of_the_docs_that_no_longer_holds_fails(tmp_path):
+    """The control: a command that fails, one not run here with a typo, one neither distrain's nor known, and a
+    transcript whose line changed are each a problem; sound commands, run and not run, are not."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("""```bash
+python train.py --cfg job trainer.seed=7
+python train.py trainer.epoch=3
+python train.py cluster=slurm strategy=multi_worker_mirrored
+python train.py cluster=slurm trainer.epochs=0
+rm -rf outputs
+make test
+```
+```console
+$ python train.py trainer.epoch=4
+error: trainer.epoch is not a key of trainer: set e.g. trainer.epochs=99
+```
+""")
+    reader = read(Reader("doc.md", reader_home(tmp_path, "README.md"), tmp_path / "project"), doc)
+    assert [problem.split("\n")[0] for problem in reader.problems] == [
+        "doc.md:1: python train.py trainer.epoch=3",
+        "doc.md:1: python train.py cluster=slurm trainer.epochs=0 (not run: needs a Slurm allocation (test_slurm runs "
+        "it on a local Slurm))",
+        "doc.md:1: rm -rf outputs", "doc.md:9: python train.py trainer.epoch=4"], reader.problems
+    assert "trainer.epochs=0 must be a positive integer" in reader.problems[1]
+    assert [command.split(" (")[0] for _, command in reader.ran] == [
+        "python train.py --cfg job trainer.seed=7", "python train.py trainer.epoch=3", "python train.py trainer.epoch=4"]
+    assert [command for _, command, _ in reader.not_run] == [
+        "python train.py cluster=slurm strategy=multi_worker_mirrored",
+        "python train.py cluster=slurm trainer.epochs=0", "rm -rf outputs", "make test"]
 
 
 def test_the_figure_the_readme_gives_for_the_example_holds(tmp_path):
