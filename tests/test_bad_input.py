@@ -95,6 +95,11 @@ CASES = [
     ("devices-string", ["strategy=mirrored", "strategy.devices=/cpu:0"],
      "strategy.devices=/cpu:0 must be a list such as [a,b] or null: set e.g. strategy.devices=[/cpu:0]"),
     ("override-syntax", ["trainer.epochs=[1,"], "cannot read the override 'trainer.epochs=[1,'"),
+    ("bare-word", ["trainer"], "cannot read the override 'trainer'"),  # (not a command's name: Hydra's line)
+    ("command-typo", ["evalute"], "evalute is neither a command of distrain (evaluate, predict, stacks, summarize, "
+                                  "write-tfrecords) nor an override (key=value): write distrain evaluate ..."),
+    ("command-not-first", ["evaluate"], "evaluate is a command of distrain, not an override: give it first, e.g. "
+                                        "distrain evaluate ..."),
     ("override-no-value", ["trainer.epochs"], "trainer.epochs"),
     # ---- values out of range ----
     ("epochs-zero", ["trainer.epochs=0"], "trainer.epochs=0 must be a positive integer: set e.g. trainer.epochs=12"),

@@ -297,6 +297,23 @@ def _tool(command: str, run_dirs: list, flags: list, overrides: list) -> int:
     return tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
 
 
+COMMANDS = ["evaluate", "predict", "stacks", "summarize", "write-tfrecords"]
+
+
+def _not_an_override(overrides: list) -> str:
+    """What a bare word among the overrides meant, where it is a command's name or close to one
+    (`distrain evalute RUN_DIR`); Hydra would only say it cannot read it."""
+    for word in overrides:
+        if word in COMMANDS:
+            return f"{word} is a command of distrain, not an override: give it first, e.g. distrain {word} ..."
+        bare = re.fullmatch(r"[A-Za-z][\w-]*", word)  # (an override has "=", or starts with ~)
+        close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6) if bare else []
+        if close:
+            return f"{word} is neither a command of distrain ({', '.join(COMMANDS)}) nor an override (key=value): " \
+                   f"write distrain {close[0]} ..."
+    return ""
+
+
 def _command() -> tuple[str | None, list]:
     """A command of its own (write-tfrecords, evaluate, predict), and the run directories evaluate and
     predict take (several: a sweep's, multirun/DATE/TIME/*), taken off sys.argv."""
@@ -330,6 +347,8 @@ def main() -> None:
     sys.argv[1:] = flags + overrides
     OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
+        if _not_an_override(overrides):
+            raise ConfigError(_not_an_override(overrides))
         if command:
             had_tensorflow = "tensorflow" in sys.modules
             code = _tool(command, run_dirs, flags, overrides)
