@@ -5,8 +5,10 @@ Multi-process tests are bounded in time and check that no process they caused is
 """
 import json
 import re
+import os
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import (assert_nothing_left, in_process, kill_in_epoch_2, kill_task, run_cli, small, to_the_launcher,
-                     untimed, wait_until, while_running)
+from helpers import (assert_nothing_left, here, in_process, kill_in_epoch_2, kill_task, run_cli, small,
+                     to_the_launcher, untimed, wait_until, while_running)
 from distrain import runners
 from distrain.errors import ConfigError
 from distrain.training import train
@@ -77,6 +79,30 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypat
     # Control: the comparison can fail; a run with another seed ends elsewhere.
     _, other = train(small(*config, "trainer.seed=7"), tmp_path / "other")
     assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3
+
+
+def test_a_one_process_task_killed_by_hand_says_how_to_go_on_and_that_command_resumes(tmp_path):
+    """kill -9 of a one-process run's task: one error line, naming the signal and the command that goes on
+    (the task could say nothing, and the terminal showed only its progress). That command, word for word,
+    ends the run. (Killed before its first checkpoint, and other signals: test_supervisor.)"""
+    run_dir = tmp_path / "run"
+
+    def chaos(run):
+        wait_until(lambda: (run_dir / "checkpoints" / "checkpoint").exists(), run, "a checkpoint", interval=0.05)
+        found = subprocess.run(["pgrep", "-f", f"{run_dir}/config.yaml"], capture_output=True, text=True)
+        (pid,) = found.stdout.split()  # (the task's: its command line names its config)
+        os.kill(int(pid), signal.SIGKILL)
+    code, out = while_running(run_dir, "data=synthetic", "data.train_examples=2048", "data.test_examples=256",
+                              "trainer.epochs=20", "trainer.batch_size=64", "trainer.verbose=2", *SGD_MLP, chaos=chaos)
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert code % 256 == 247 and errors == [  # (-9: what the shell sees of sys.exit(-9))
+        "error: task train exited with status -9 (SIGKILL): go on from its latest checkpoint with trainer.resume=true "
+        f"hydra.run.dir={run_dir}"], out[-3000:]
+    assert json.loads((run_dir / "status.json").read_text())["error"] == errors[0].removeprefix("error: ")
+    code, said, _ = here(tmp_path, errors[0].split(" with ")[-1].split())
+    results = json.loads((run_dir / "results.json").read_text())
+    assert code == 0 and results["resumed_from_step"] > 0 and len(results["history"]["loss"]) == 20, said[-3000:]
+    assert_nothing_left(tmp_path)
 
 
 def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path, monkeypatch, capfd):

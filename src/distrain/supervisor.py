@@ -258,6 +258,14 @@ def print_failure(outcome: Outcome, log_path: Path) -> None:
     print_error(f"{outcome.error}; the end of its log ({log_path}):\n{tail}")
 
 
+def signalled(name: str, code: int, run: RunDir) -> str:
+    """The line of a run's one task that a signal ended (kill -9, a crash), and how to go on."""
+    how = f"{code} ({signal.Signals(-code).name})" if -code in set(signal.Signals) else str(code)
+    then = f": go on from its latest checkpoint with trainer.resume=true hydra.run.dir={run}" \
+        if run.latest_checkpoint() else " before its first checkpoint: run the command again"
+    return f"task {name} exited with status {how}{then}"
+
+
 def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, job=None,
               restarts: Restarts | None = None, probe_peers: bool = False) -> Outcome:
     """Start the tasks and supervise them until the run is over.
@@ -384,6 +392,11 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
             said = [line for line in tail if is_error(line)]
             if said and code == 2:  # the task named the cause itself (bad input it found): that is the error
                 error = said[-1]
+            lone = len(tasks) == 1 and not (task.task or task.hung or task.memory.killed)  # (a training's)
+            if lone and code < 0 and not said:  # (alone on the terminal: a signal left it nothing to say)
+                error = signalled(task.name, code, run)
+                task.end_line()
+                print_error(error)
             outcome = Outcome(code, "failed", error, tail)
             # (its lines were mixed with the others'; it could not say it ran out of memory itself)
             if (len(tasks) > 1 or task.hung or task.memory.killed) and not said:
