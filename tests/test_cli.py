@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, Overdue, assert_nothing_left, run_cli
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, Overdue, assert_nothing_left, here, run_cli
 from distrain import cpu
 from distrain.errors import print_error
 
@@ -48,6 +48,9 @@ def test_write_tfrecords_takes_the_flags_a_run_takes(tmp_path):
     assert "Traceback" not in bad.stderr and not (tmp_path / "out").exists()
     missing = command("data=synthetic")
     assert missing.returncode == 2 and missing.stderr.startswith("error: write-tfrecords needs out=DIR"), missing.stderr
+    unwritable = command("data=synthetic", "out=/proc/shards")  # (found before any data is read: no disk filled)
+    assert unwritable.returncode == 2 and unwritable.stderr.startswith(
+        "error: out=/proc/shards: /proc cannot be written ("), unwritable.stderr
     written = command("--config-dir", "conf", "data=tiny", "data.test_examples=16", f"out={tmp_path / 'out'}",
                       "shards=2")
     assert written.returncode == 0 and "train: 64 examples in 2 file(s)" in written.stdout, written.stderr[-2000:]
@@ -312,3 +315,18 @@ def test_a_forked_task_repeats_none_of_its_fork_servers_work(tmp_path, monkeypat
     assert any("def tf__call(" in text for text in written), len(written)
     assert not [text for text in written if "def tf__growth(" in text or "def tf__test_function(" in text]
     assert (run / "saved_model" / "saved_model.pb").exists()
+
+
+def test_a_file_a_command_cannot_write_is_named_not_the_run_directory(tmp_path, monkeypatch):
+    """What evaluate, predict and write-tfrecords could not write after their checks (a disk that turned
+    read-only) is named as theirs; a run's own is the run directory's (the bad-input catalogue)."""
+    import errno
+
+    from distrain import cli
+
+    def cannot(*_, **__):
+        raise OSError(errno.EROFS, "Read-only file system", "/data/p.npz")
+    monkeypatch.setattr(cli, "_tool", cannot)
+    code, _, err = here(tmp_path, ["predict", "outputs/x", "out=/data/p.npz"], {"HYDRA_FULL_ERROR": "0"})
+    assert code == 2 and err == "error: /data/p.npz cannot be written (Read-only file system): check that you can " \
+                                "write there\n"

@@ -127,6 +127,8 @@ def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(traine
      "cluster=manual: evaluate and predict run a cluster on this machine only"),
     (["checkpoint=/nowhere/ckpt-3", "out=p.npz"], "checkpoint=/nowhere/ckpt-3 holds no checkpoint"),
     ([], "predict needs out=PATH"),
+    (["out=nodir/p.csv"], "out=nodir/p.csv: there is no directory nodir: create it, or name a file in one that exists"),
+    (["out=/proc/p.npz"], "out=/proc/p.npz: /proc cannot be written ("),  # (even for root)
 ])
 def test_bad_input_is_one_line_and_writes_nothing(trained, tmp_path, monkeypatch, capsys, args, says):
     run = trained[0]

@@ -375,6 +375,9 @@ def main() -> None:
             print_error(f"the disk holding {os.path.abspath(where)} is full (the filesystem at "
                         f"{storage.mount_point(where)}): free space, or set hydra.run.dir (hydra.sweep.dir for "
                         "sweeps) to a larger disk")
+        elif command:  # (evaluate, predict, write-tfrecords: their own files)
+            print_error(f"{exc.filename or 'a file'} cannot be written ({exc.strerror}): check that you can write "
+                        "there")
         else:
             print_error(f"the run directory cannot be created or written ({exc.strerror}: {exc.filename}): "
                         "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write")

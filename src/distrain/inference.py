@@ -13,6 +13,7 @@ import csv
 import io
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -157,6 +158,11 @@ def _out(options: dict, exists_ok: bool = False) -> Path:
         raise ConfigError(f"out={out} is of no format predict writes: name a file ending in {' or '.join(FORMATS)}")
     if out.exists() and not exists_ok and options.get("overwrite", "false").lower() != "true":
         raise ConfigError(f"out={out} exists: name another file, or set overwrite=true")
+    if not out.parent.is_dir():  # (now, not once every output is computed)
+        raise ConfigError(f"out={out}: there is no directory {out.parent}: create it, or name a file in one that "
+                          "exists")
+    if storage.cannot_write_in(out.parent):
+        raise ConfigError(f"out={out}: {storage.cannot_write_in(out.parent)}: name a file where you can write")
     return out
 
 
@@ -378,7 +384,6 @@ def sources(data) -> list:
 def _tfrecord(out: Path, index, where: list, outputs) -> None:
     """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
     temporary name and renamed (no half file under `out`)."""
-    import os
 
     import tensorflow as tf
 

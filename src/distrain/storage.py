@@ -11,11 +11,25 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("distrain")
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def cannot_write_in(directory: Path) -> str:
+    """Why no file can be made in `directory`, or where it is not there yet in its nearest parent that is
+    (where it would be made): "" where one can. Asked before work whose end writes there."""
+    there = next(p for p in [Path(directory), *Path(directory).parents] if p.exists())
+    if not there.is_dir():
+        return f"{there} is a file"
+    try:
+        tempfile.TemporaryFile(dir=there).close()
+    except OSError as exc:
+        return f"{there} cannot be written ({exc.strerror})"
+    return ""
 
 
 def write_atomic(path: Path, text: str | bytes) -> Path:
