@@ -5,6 +5,8 @@ import importlib.util
 import os
 import re
 import sys
+import sysconfig
+import traceback
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -241,7 +243,9 @@ def instantiate(key: str, node, fix: str, **kwargs):
     try:
         return hydra.utils.instantiate(node, **kwargs, _convert_="all")
     except InstantiationException as exc:
-        raise ConfigError(f"{key}={node._target_} failed ({reason(exc, node._target_)}): {fix}") from None
+        mine = users_line(exc)  # (raised in the user's own code: where, which is what to fix)
+        raise ConfigError(f"{key}={node._target_} failed ({reason(exc, node._target_)}"
+                          f"{f', at {mine}' if mine else ''}): {'fix it there' if mine else fix}") from None
 
 
 def instantiate_as(key: str, node, kind: type, fix: str, wrong: str, drop=(), **kwargs):
@@ -267,6 +271,19 @@ def reason(exc: BaseException, target: str = "") -> str:
             return f"module {module} ({found.__file__}) has no {name}"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+NOT_THE_USERS = (*{sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")},
+                 str(Path(__file__).parent))  # Python's, the installed packages' and distrain's own code
+
+
+def users_line(exc: BaseException) -> str:
+    """Where the root cause of exc was raised in the user's own code ("FILE:LINE in FUNCTION"), or ""."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    own = [frame for frame in traceback.extract_tb(exc.__traceback__)
+           if not frame.filename.startswith(("<", *NOT_THE_USERS))]
+    return f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}" if own else ""
 
 
 _told = set()  # deprecation notices already printed by this process
