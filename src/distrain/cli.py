@@ -347,8 +347,8 @@ def main() -> None:
     sys.argv[1:] = flags + overrides
     OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
-        if _not_an_override(overrides):
-            raise ConfigError(_not_an_override(overrides))
+        if meant := _not_an_override(overrides):
+            raise ConfigError(meant)
         if command:
             had_tensorflow = "tensorflow" in sys.modules
             code = _tool(command, run_dirs, flags, overrides)

@@ -273,16 +273,16 @@ def reason(exc: BaseException, target: str = "") -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-NOT_THE_USERS = (*{sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")},
-                 str(Path(__file__).parent))  # Python's, the installed packages' and distrain's own code
+# Python's own code and distrain's (installed packages: any path through site-packages or dist-packages).
+NOT_THE_USERS = ("<", sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], str(Path(__file__).parent))
 
 
 def users_line(exc: BaseException) -> str:
     """Where the root cause of exc was raised in the user's own code ("FILE:LINE in FUNCTION"), or ""."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    own = [frame for frame in traceback.extract_tb(exc.__traceback__)
-           if not frame.filename.startswith(("<", *NOT_THE_USERS))]
+    own = [frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(NOT_THE_USERS)
+           and f"-packages{os.sep}" not in frame.filename]
     return f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}" if own else ""
 
 

@@ -161,8 +161,8 @@ def _out(options: dict, exists_ok: bool = False) -> Path:
     if not out.parent.is_dir():  # (now, not once every output is computed)
         raise ConfigError(f"out={out}: there is no directory {out.parent}: create it, or name a file in one that "
                           "exists")
-    if storage.cannot_write_in(out.parent):
-        raise ConfigError(f"out={out}: {storage.cannot_write_in(out.parent)}: name a file where you can write")
+    if why := storage.cannot_write_in(out.parent):
+        raise ConfigError(f"out={out}: {why}: name a file where you can write")
     return out
 
 
@@ -384,7 +384,6 @@ def sources(data) -> list:
 def _tfrecord(out: Path, index, where: list, outputs) -> None:
     """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
     temporary name and renamed (no half file under `out`)."""
-
     import tensorflow as tf
 
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")

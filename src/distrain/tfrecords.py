@@ -105,9 +105,8 @@ def main(argv: list, compose, help: bool = False) -> int:
         print_error(f"encoding={options['encoding']} is not png or raw: set encoding=png (smaller files) or raw "
                     "(no decoding)")
         return 2
-    if storage.cannot_write_in(Path(options["out"])):  # (now, not once every shard is encoded)
-        print_error(f"out={options['out']}: {storage.cannot_write_in(Path(options['out']))}: name a directory where "
-                    "you can write")
+    if why := storage.cannot_write_in(Path(options["out"])):  # (now, not once every shard is encoded)
+        print_error(f"out={options['out']}: {why}: name a directory where you can write")
         return 2
     raw = options.get("encoding") == "raw"
     with tensorflow_lines_to(Path(options["out"])):
