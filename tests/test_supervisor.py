@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from distrain import launcher, supervisor
-from distrain.restarts import DEPARTED, FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
+from distrain.restarts import (DEPARTED, FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide,
+                               signalled)
 from distrain.rundir import RunDir
 from helpers import make_cfg
 
@@ -115,14 +116,11 @@ def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path)
     assert budget.gone() == []  # the restarted cluster has every worker again
 
 
-def test_a_lone_tasks_death_by_a_signal_names_it_and_how_to_go_on(tmp_path):
+def test_a_lone_tasks_death_by_a_signal_names_it_and_how_to_go_on():
     """(The run itself, killed by hand: test_resume.)"""
-    run = RunDir(tmp_path)
-    assert supervisor.signalled("train", -11, run) == \
+    assert signalled("train", -11, "run", False) == \
         "task train exited with status -11 (SIGSEGV) before its first checkpoint: run the command again"
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
-    assert supervisor.signalled("train", -9, run) == (
-        f"task train exited with status -9 (SIGKILL): go on from its latest checkpoint with trainer.resume=true "
-        f"hydra.run.dir={tmp_path}")
-    assert supervisor.signalled("train", -200, run).startswith("task train exited with status -200: ")  # no such signal
+    assert signalled("train", -9, "out/run", True) == \
+        "task train exited with status -9 (SIGKILL): go on from its latest checkpoint with trainer.resume=true " \
+        "hydra.run.dir=out/run"
+    assert signalled("train", -200, "run", True).startswith("task train exited with status -200: ")  # no such signal

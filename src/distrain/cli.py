@@ -325,6 +325,19 @@ def _command() -> tuple[str | None, list]:
     return command, run_dirs
 
 
+def _unwritten(exc: OSError, command: str | None, overrides: list) -> str:
+    """The line of what a command could not write: a full disk, a run directory, a command's own file."""
+    if storage.is_full(exc):
+        named = [o.split("=", 1)[1] for o in overrides if o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+        where = exc.filename or (named or ["."])[-1]  # (Hydra's own writes name no file)
+        return (f"the disk holding {os.path.abspath(where)} is full (the filesystem at {storage.mount_point(where)}): "
+                "free space, or set hydra.run.dir (hydra.sweep.dir for sweeps) to a larger disk")
+    if command:  # (evaluate, predict, write-tfrecords: their own files)
+        return f"{exc.filename or 'a file'} cannot be written ({exc.strerror}): check that you can write there"
+    return (f"the run directory cannot be created or written ({exc.strerror}: {exc.filename}): set hydra.run.dir "
+            "(hydra.sweep.dir for sweeps) to a directory you can write")
+
+
 def main() -> None:
     os.environ.setdefault(STARTED, str(time.time()))  # for results.json's seconds_to_first_step
     if os.getcwd() not in sys.path:  # a user's model or data module, as the tasks (python -m) import it
@@ -369,18 +382,7 @@ def main() -> None:
     except OSError as exc:  # Hydra could not create the run directory, or we could not write in it
         if full_error:
             raise
-        if storage.is_full(exc):
-            named = [o.split("=", 1)[1] for o in overrides if o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
-            where = exc.filename or (named or ["."])[-1]  # (Hydra's own writes name no file)
-            print_error(f"the disk holding {os.path.abspath(where)} is full (the filesystem at "
-                        f"{storage.mount_point(where)}): free space, or set hydra.run.dir (hydra.sweep.dir for "
-                        "sweeps) to a larger disk")
-        elif command:  # (evaluate, predict, write-tfrecords: their own files)
-            print_error(f"{exc.filename or 'a file'} cannot be written ({exc.strerror}): check that you can write "
-                        "there")
-        else:
-            print_error(f"the run directory cannot be created or written ({exc.strerror}: {exc.filename}): "
-                        "set hydra.run.dir (hydra.sweep.dir for sweeps) to a directory you can write")
+        print_error(_unwritten(exc, command, overrides))
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside a job (between the jobs of a sweep, or joblib's): no traceback
         sweep = sys.modules.get("distrain.sweep")  # a sweep under way imported it

@@ -2,6 +2,7 @@
 `Restarts` keeps the budgets (cluster.max_restarts within cluster.restart_window) and the record of
 each restart. The supervisor acts on them; nothing here starts or stops a process."""
 import logging
+import signal
 import time
 from collections import Counter
 
@@ -38,6 +39,14 @@ def decide(code: int, alone: bool, essential: bool, may_restart: bool, others_ru
 
 
 DEPARTED = "no: it left the run"  # the record of a worker past its budget (Restarts.leave)
+
+
+def signalled(name: str, code: int, run_dir: str, checkpointed: bool) -> str:
+    """The line of a run's one task that a signal ended (kill -9, a crash): no restart, so how to go on."""
+    how = f"{code} ({signal.Signals(-code).name})" if -code in set(signal.Signals) else str(code)
+    then = f": go on from its latest checkpoint with trainer.resume=true hydra.run.dir={run_dir}" if checkpointed \
+        else " before its first checkpoint: run the command again"
+    return f"task {name} exited with status {how}{then}"
 
 
 class Restarts:

@@ -20,7 +20,7 @@ from .forkserver import ForkServer
 from .memory import Watch
 from .process import die_with_parent
 from .protocol import HEARTBEAT, POSITION, SCRATCH, STACKS, is_error, is_ready
-from .restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide
+from .restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide, signalled
 from .rundir import RunDir
 from .task_output import ERR, OUT, TaskLog, is_noise, last_state, route
 
@@ -258,14 +258,6 @@ def print_failure(outcome: Outcome, log_path: Path) -> None:
     print_error(f"{outcome.error}; the end of its log ({log_path}):\n{tail}")
 
 
-def signalled(name: str, code: int, run: RunDir) -> str:
-    """The line of a run's one task that a signal ended (kill -9, a crash), and how to go on."""
-    how = f"{code} ({signal.Signals(-code).name})" if -code in set(signal.Signals) else str(code)
-    then = f": go on from its latest checkpoint with trainer.resume=true hydra.run.dir={run}" \
-        if run.latest_checkpoint() else " before its first checkpoint: run the command again"
-    return f"task {name} exited with status {how}{then}"
-
-
 def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, job=None,
               restarts: Restarts | None = None, probe_peers: bool = False) -> Outcome:
     """Start the tasks and supervise them until the run is over.
@@ -384,27 +376,33 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
                           whole=True)
             return Outcome(code, "restarting", why, restart=True)
         elif action == FAIL:
-            error = restarts.exhausted(why, task) if restarts else why
-            if task.alone and code != 2:  # the last worker
-                error = (f"{restarts.spent(why, task)}, and no other worker is left; raise cluster.max_restarts, "
-                         "or read the workers' logs for why they die")
-            tail = task.log_tail()
-            said = [line for line in tail if is_error(line)]
-            if said and code == 2:  # the task named the cause itself (bad input it found): that is the error
-                error = said[-1]
-            lone = len(tasks) == 1 and not (task.task or task.hung or task.memory.killed)  # (a training's)
-            if lone and code < 0 and not said:  # (alone on the terminal: a signal left it nothing to say)
-                error = signalled(task.name, code, run)
-                task.end_line()
-                print_error(error)
-            outcome = Outcome(code, "failed", error, tail)
-            # (its lines were mixed with the others'; it could not say it ran out of memory itself)
-            if (len(tasks) > 1 or task.hung or task.memory.killed) and not said:
-                print_failure(outcome, task.log_path)
-            return outcome
+            return _failed(task, code, why, len(tasks), restarts, run)
         elif code:
             log.warning("task %s exited with status %d: the run goes on without it", task.name, code)
     return None
+
+
+def _failed(task: TaskProcess, code: int, why: str, tasks: int, restarts: Restarts | None, run: RunDir) -> Outcome:
+    """How the run ends when `task`'s end (code, and `why` in words) fails it, of `tasks` tasks: its error
+    line, said on the terminal where the task's own lines cannot have said it."""
+    error = restarts.exhausted(why, task) if restarts else why
+    if task.alone and code != 2:  # the last worker
+        error = (f"{restarts.spent(why, task)}, and no other worker is left; raise cluster.max_restarts, "
+                 "or read the workers' logs for why they die")
+    tail = task.log_tail()
+    said = [line for line in tail if is_error(line)]
+    if said and code == 2:  # the task named the cause itself (bad input it found): that is the error
+        error = said[-1]
+    lone = tasks == 1 and not (task.task or task.hung or task.memory.killed)  # (a training's)
+    if lone and code < 0 and not said:  # (alone on the terminal: a signal left it nothing to say)
+        error = signalled(task.name, code, str(run), bool(run.latest_checkpoint()))
+        task.end_line()
+        print_error(error)
+    outcome = Outcome(code, "failed", error, tail)
+    # (its lines were mixed with the others'; it could not say it ran out of memory itself)
+    if (tasks > 1 or task.hung or task.memory.killed) and not said:
+        print_failure(outcome, task.log_path)
+    return outcome
 
 
 def _not_up(starting: list, startup_timeout: float, probe_peers: bool) -> Outcome:
