@@ -223,19 +223,23 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     ("ok", ["model=cnn"], "model=cnn contradicts the run being resumed, which has 'mlp'"),
     ("ok", ["trainer.batch_size=32"], "trainer.batch_size=32 contradicts the run being resumed, which has 64"),
     ("corrupt", [], "cannot be resumed"),
+    ("ok", ["trainer.epochs=1"], "trainer.epochs=1, but the run being resumed has trained 2 epoch(s) already: set "
+                                 "trainer.epochs=2 or more to go on with it"),  # (it would end as it is, untrained)
 ])
 def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message):
-    """(A directory with no run in it: the bad-input catalogue.) All but the corrupt checkpoint are found
-    before any task starts, so they are checked in this process."""
+    """(A directory with no run in it: the bad-input catalogue.) All but the corrupt checkpoint and the
+    epochs the checkpoint holds are found before any task starts, so they are checked in this process.
+    (The last one's control, a resume to more epochs: the trainer.resume=auto test below.)"""
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted(["data=synthetic", "data.train_examples=256", "data.test_examples=64",
-                                   "trainer.epochs=1", "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]),
+                                   "trainer.epochs=2", "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]),
                     run_dir)
     if setup == "no checkpoint":
         shutil.rmtree(run_dir / "checkpoints")
     if setup == "corrupt":
         for data_file in (run_dir / "checkpoints").glob("ckpt-*.data-*"):
             data_file.write_bytes(data_file.read_bytes()[:100])  # truncated, as a full disk leaves it
+    if setup == "corrupt" or args == ["trainer.epochs=1"]:  # (found in the task)
         out = run_cli(run_dir, "trainer.resume=true", *args)
         code, text = out.returncode, out.stdout + out.stderr
     else:

@@ -65,9 +65,15 @@ class Checkpoints:
                           "optimizer; restore the run's own checkpoints or start a new run")
 
 
-def resume(checkpoints: Checkpoints, directory: Path, steps_per_epoch: int) -> Progress:
-    """Restore the latest checkpoint in `directory`; the position to go on from, counted as a restart."""
+def resume(checkpoints: Checkpoints, directory: Path, steps_per_epoch: int, epochs: int) -> Progress:
+    """Restore the latest checkpoint in `directory`; the position to go on from, counted as a restart.
+    A run that trained further than `epochs` (trainer.epochs, lowered) is refused: it would end untouched."""
     progress = checkpoints.restore(directory)
+    begun = progress.epoch + (1 if progress.step else 0)
+    if begun > epochs:
+        raise ConfigError(f"trainer.epochs={epochs}, but the run being resumed has trained {progress.epoch} epoch(s)"
+                          f"{f' and {progress.step} step(s)' if progress.step else ''} already: set trainer.epochs="
+                          f"{begun} or more to go on with it (distrain evaluate RUN_DIR tests it as it is)")
     progress.restarts += 1
     progress.resumed_from_step = int(checkpoints.checkpoint.optimizer.iterations.numpy())
     print(f"resumed from global step {progress.resumed_from_step} (epoch {progress.epoch + 1}, "

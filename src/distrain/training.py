@@ -66,7 +66,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     # but only the chief's checkpoints are kept.
     out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
     saves = Checkpoints(model, optimizer, out.checkpoints, t.keep_checkpoints) if t.save_model else None
-    progress = resume(saves or Checkpoints(model, optimizer, out.path), run.checkpoints, data.steps) \
+    progress = resume(saves or Checkpoints(model, optimizer, out.path), run.checkpoints, data.steps, t.epochs) \
         if t.resume else Progress()  # every task reads the chief's checkpoints
     where = run.tensorboard / (context.task.name if context.task else "train")
     workers = context.cluster.get("worker", []) if context.topology.parameter_servers else []
