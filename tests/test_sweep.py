@@ -505,6 +505,17 @@ def test_jobs_killed_before_they_record_their_end_are_marked_interrupted(tmp_pat
     assert [r["status"] for r in sweep.collect(tmp_path)[0]] == ["ok", "interrupted"]
 
 
+def test_summarize_of_one_run_says_it_is_no_sweep_and_writes_nothing(tmp_path, capsys):
+    _job(tmp_path, 0, ["trainer.seed=1"], status={"status": "ok", "exit_status": 0},
+         results=_results("default", 1, 64, 64, 100.0))
+    (tmp_path / "0" / "config.yaml").write_text("trainer: {}\n")  # (what makes it a run's directory)
+    assert sweep.main([str(tmp_path / "0")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / '0'} is a run's directory, not a sweep's: give the sweep " \
+        f"directory a multirun made (multirun/DATE/TIME); this run's figures are in {tmp_path / '0' / 'results.json'}\n"
+    assert not (tmp_path / "0" / "summary.csv").exists()
+    assert sweep.main([str(tmp_path)]) == 0 and (tmp_path / "summary.csv").exists()  # control: its sweep's
+
+
 def test_each_job_is_a_session_and_the_sweep_one_experiment(tmp_path):
     """The dashboard's records, read back as TensorBoard reads them: a session per job (a failed one
     too, with what its config says), the speed-ups as metrics, and the sweep's columns written once."""

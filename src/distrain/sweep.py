@@ -326,6 +326,10 @@ def main(argv: list) -> int:
         print_error(f"{sweep_dir} is not a directory: give the sweep directory a multirun made "
                     "(multirun/DATE/TIME)")
         return 2
+    if RunDir(sweep_dir).config.exists():  # (a run's own directory: there is no sweep to sum up)
+        print_error(f"{sweep_dir} is a run's directory, not a sweep's: give the sweep directory a multirun made "
+                    f"(multirun/DATE/TIME); this run's figures are in {RunDir(sweep_dir).results}")
+        return 2
     summary = summarize(sweep_dir)
     if summary is None:
         return 2
