@@ -511,7 +511,7 @@ def test_summarize_of_one_run_says_it_is_no_sweep_and_writes_nothing(tmp_path, c
     (tmp_path / "0" / "config.yaml").write_text("trainer: {}\n")  # (what makes it a run's directory)
     assert sweep.main([str(tmp_path / "0")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / '0'} is a run's directory, not a sweep's: give the sweep " \
-        f"directory a multirun made (multirun/DATE/TIME); this run's figures are in {tmp_path / '0' / 'results.json'}\n"
+        f"directory a multirun made (multirun/DATE/TIME); its figures are in {tmp_path / '0' / 'results.json'}\n"
     assert not (tmp_path / "0" / "summary.csv").exists()
     assert sweep.main([str(tmp_path)]) == 0 and (tmp_path / "summary.csv").exists()  # control: its sweep's
 

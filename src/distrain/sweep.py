@@ -326,9 +326,11 @@ def main(argv: list) -> int:
         print_error(f"{sweep_dir} is not a directory: give the sweep directory a multirun made "
                     "(multirun/DATE/TIME)")
         return 2
-    if RunDir(sweep_dir).config.exists():  # (a run's own directory: there is no sweep to sum up)
+    run = RunDir(sweep_dir)
+    if run.config.exists():  # (a run's own directory: there is no sweep to sum up)
+        told = f"its figures are in {run.results}" if run.results.exists() else f"how it ended is in {run.status}"
         print_error(f"{sweep_dir} is a run's directory, not a sweep's: give the sweep directory a multirun made "
-                    f"(multirun/DATE/TIME); this run's figures are in {RunDir(sweep_dir).results}")
+                    f"(multirun/DATE/TIME); {told}")
         return 2
     summary = summarize(sweep_dir)
     if summary is None:
