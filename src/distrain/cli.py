@@ -297,7 +297,8 @@ def _tool(command: str, run_dirs: list, flags: list, overrides: list) -> int:
     return tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
 
 
-COMMANDS = ["evaluate", "predict", "stacks", "summarize", "write-tfrecords"]
+TOOLS = ["evaluate", "predict", "write-tfrecords"]  # (the commands that take a run's config: _tool)
+COMMANDS = sorted([*TOOLS, "stacks", "summarize"])
 
 
 def _not_an_override(overrides: list) -> str:
@@ -317,7 +318,7 @@ def _not_an_override(overrides: list) -> str:
 def _command() -> tuple[str | None, list]:
     """A command of its own (write-tfrecords, evaluate, predict), and the run directories evaluate and
     predict take (several: a sweep's, multirun/DATE/TIME/*), taken off sys.argv."""
-    command = sys.argv.pop(1) if sys.argv[1:2] in (["write-tfrecords"], ["evaluate"], ["predict"]) else None
+    command = sys.argv.pop(1) if sys.argv[1:2] and sys.argv[1] in TOOLS else None
     run_dirs = []
     while command in ("evaluate", "predict") and sys.argv[1:2] and not sys.argv[1].startswith("-") and \
             "=" not in sys.argv[1]:

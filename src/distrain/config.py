@@ -257,10 +257,15 @@ def instantiate_as(key: str, node, kind: type, fix: str, wrong: str, drop=(), **
     return made
 
 
-def reason(exc: BaseException, target: str = "") -> str:
-    """The root cause of an exception, in one line: a builder's own error, or what `target` lacks."""
+def root_cause(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None:
         exc = exc.__cause__
+    return exc
+
+
+def reason(exc: BaseException, target: str = "") -> str:
+    """The root cause of an exception, in one line: a builder's own error, or what `target` lacks."""
+    exc = root_cause(exc)
     module, _, name = target.rpartition(".")
     if isinstance(exc, ImportError) and module:
         try:
@@ -273,16 +278,12 @@ def reason(exc: BaseException, target: str = "") -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-# Python's own code and distrain's (installed packages: any path through site-packages or dist-packages).
-NOT_THE_USERS = ("<", sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], str(Path(__file__).parent))
-
-
 def users_line(exc: BaseException) -> str:
     """Where the root cause of exc was raised in the user's own code ("FILE:LINE in FUNCTION"), or ""."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    own = [frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(NOT_THE_USERS)
-           and f"-packages{os.sep}" not in frame.filename]
+    paths = sysconfig.get_paths()  # Python's own code, and distrain's; installed packages: any *-packages path
+    not_theirs = ("<", paths["stdlib"], paths["platstdlib"], str(Path(__file__).parent))
+    own = [frame for frame in traceback.extract_tb(root_cause(exc).__traceback__)
+           if not frame.filename.startswith(not_theirs) and f"-packages{os.sep}" not in frame.filename]
     return f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}" if own else ""
 
 

@@ -382,8 +382,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
     return None
 
 
-def _failed(task: TaskProcess, code: int, why: str, tasks: int, restarts: Restarts | None, run: RunDir) -> Outcome:
-    """How the run ends when `task`'s end (code, and `why` in words) fails it, of `tasks` tasks: its error
+def _failed(task: TaskProcess, code: int, why: str, count: int, restarts: Restarts | None, run: RunDir) -> Outcome:
+    """How the run ends when `task`'s end (code, and `why` in words) fails it, of `count` tasks: its error
     line, said on the terminal where the task's own lines cannot have said it."""
     error = restarts.exhausted(why, task) if restarts else why
     if task.alone and code != 2:  # the last worker
@@ -393,14 +393,14 @@ def _failed(task: TaskProcess, code: int, why: str, tasks: int, restarts: Restar
     said = [line for line in tail if is_error(line)]
     if said and code == 2:  # the task named the cause itself (bad input it found): that is the error
         error = said[-1]
-    lone = tasks == 1 and not (task.task or task.hung or task.memory.killed)  # (a training's)
+    lone = count == 1 and not (task.task or task.hung or task.memory.killed)  # (a training's)
     if lone and code < 0 and not said:  # (alone on the terminal: a signal left it nothing to say)
         error = signalled(task.name, code, str(run), bool(run.latest_checkpoint()))
         task.end_line()
         print_error(error)
     outcome = Outcome(code, "failed", error, tail)
     # (its lines were mixed with the others'; it could not say it ran out of memory itself)
-    if (tasks > 1 or task.hung or task.memory.killed) and not said:
+    if (count > 1 or task.hung or task.memory.killed) and not said:
         print_failure(outcome, task.log_path)
     return outcome
 

@@ -105,12 +105,13 @@ def main(argv: list, compose, help: bool = False) -> int:
         print_error(f"encoding={options['encoding']} is not png or raw: set encoding=png (smaller files) or raw "
                     "(no decoding)")
         return 2
-    if why := storage.cannot_write_in(Path(options["out"])):  # (now, not once every shard is encoded)
-        print_error(f"out={options['out']}: {why}: name a directory where you can write")
+    out = Path(options["out"])
+    if why := storage.cannot_write_in(out):  # (now, not once every shard is encoded)
+        print_error(f"out={out}: {why}: name a directory where you can write")
         return 2
     raw = options.get("encoding") == "raw"
-    with tensorflow_lines_to(Path(options["out"])):
-        return _write(compose(overrides), Path(options["out"]), shards, raw)
+    with tensorflow_lines_to(out):
+        return _write(compose(overrides), out, shards, raw)
 
 
 def _write(cfg, out: Path, shards: int, raw: bool) -> int:
