@@ -29,12 +29,12 @@ def main() -> None:
 
     import tensorflow as tf
 
-    from distrain.config import validate
-    from distrain.inputs import load_data
-    from distrain.context import RunContext
-    from distrain.metrics import make_loss
-    from distrain.rundir import RunDir
-    from distrain.training import build, set_precision
+    from distrain.config.validate import validate
+    from distrain.task.input_data import load_data
+    from distrain.task.context import RunContext
+    from distrain.task.metrics import make_loss
+    from distrain.common.rundir import RunDir
+    from distrain.task.training import build, set_precision
 
     cfg = cli._compose([], ["trainer.verbose=0", "trainer.save_model=false", *overrides])
     cfg = validate(cfg)

@@ -299,14 +299,14 @@ def pipeline(b: Bench) -> None:
     sys.path.insert(0, str(HERE.parent / "src"))
     from omegaconf import OmegaConf
 
-    from distrain import data as data_lib
+    from distrain.data import arrays as data_lib
 
     stderr = os.dup(2)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # TensorFlow's start-up lines
     import tensorflow  # noqa: F401
     os.dup2(stderr, 2)
 
-    from distrain.pipeline import make_dataset
+    from distrain.task.input_pipeline import make_dataset
 
     (x, y), _ = data_lib.load(OmegaConf.create({"source": "bundled", "name": "mnist"}), 42)
     modes = {"global batches (default, mirrored, central_storage)": {"batch_size": 128},

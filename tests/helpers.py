@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 import distrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any TensorFlow import)
 from distrain import cli
-from distrain.data import write_idx  # noqa: F401  (for the tests)
+from distrain.data.arrays import write_idx  # noqa: F401  (for the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "src" / "distrain" / "conf"

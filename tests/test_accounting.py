@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from distrain import memory, pipeline, timesplit
-from distrain.errors import ConfigError
-from distrain.training import train
+from distrain.launcher import memory
+from distrain.task import input_pipeline as pipeline
+from distrain.report import timesplit
+from distrain.common.errors import ConfigError
+from distrain.task.training import train
 from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, small
 
 BUNDLED = ["data.source=bundled", "trainer.verbose=0", "trainer.save_model=false"]
@@ -163,7 +165,7 @@ def test_a_task_the_kernel_kills_for_memory_is_said_to_be_out_of_memory(tmp_path
 
 
 def test_stacks_of_a_run_that_ended_or_of_no_run_is_one_line(tmp_path, capsys, monkeypatch):
-    from distrain import stacks
+    from distrain.common import stacks
 
     assert stacks.main([str(tmp_path)]) == 2
     assert f"error: {tmp_path} holds no distrain run (no config.yaml)" in capsys.readouterr().err

@@ -335,7 +335,7 @@ def _data_files(tmp_path) -> dict:
     import tensorflow as tf
     from PIL import Image
 
-    from distrain import tfrecords
+    from distrain.data import write_tfrecords as tfrecords
 
     def png(path, size=28):
         path.parent.mkdir(parents=True, exist_ok=True)

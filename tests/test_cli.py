@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, Overdue, assert_nothing_left, here, run_cli
-from distrain import cpu
-from distrain.errors import print_error
+from distrain.common import cpu
+from distrain.common.errors import print_error
 
 def test_help_is_instant_and_lists_the_groups(tmp_path):
     start = time.perf_counter()
@@ -262,7 +262,7 @@ def mine(input_shape, num_classes, **_):  # (and the cnn preset's other keys)
 def main(argv):
     import gc
 
-    from distrain import task
+    from distrain.task import main as task
 
     print(f"collector: {gc.isenabled()}, {gc.get_stats()[2]['collections']} full collections, "
           f"{gc.get_freeze_count()} objects frozen", flush=True)
@@ -281,7 +281,7 @@ def test_a_forked_task_repeats_none_of_its_fork_servers_work(tmp_path, monkeypat
     imported is frozen; the task collects its own garbage. The control: a process of the default collector
     that makes 300,000 lasting objects counts full collections, and none with kept_for_good."""
     from omegaconf import OmegaConf
-    from distrain.forkserver import ForkServer
+    from distrain.launcher.forkserver import ForkServer
     from helpers import small
 
     (tmp_path / "counted.py").write_text(COUNTED_TASK)
@@ -298,7 +298,7 @@ def test_a_forked_task_repeats_none_of_its_fork_servers_work(tmp_path, monkeypat
     enabled, collections, frozen = re.search(r"^collector: (\w+), (\d+) full collections, (\d+) objects frozen$",
                                              out, re.M).groups()
     assert (enabled, collections) == ("True", "0") and int(frozen) > 100_000, (enabled, collections, frozen)
-    made = ("import contextlib, gc, sys\nfrom distrain.process import kept_for_good\n"
+    made = ("import contextlib, gc, sys\nfrom distrain.common.lifetime import kept_for_good\n"
             "with kept_for_good() if sys.argv[1] == 'kept' else contextlib.nullcontext():\n"
             "    made = [[i] for i in range(300_000)]\nprint(gc.get_stats()[2]['collections'])")
     counts = [subprocess.run([sys.executable, "-c", made, how], capture_output=True, text=True, check=True).stdout

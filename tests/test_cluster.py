@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from distrain import cluster
-from distrain.context import Topology
-from distrain.config import validate
-from distrain.errors import ConfigError
+from distrain.common import cluster
+from distrain.task.context import Topology
+from distrain.config.validate import validate
+from distrain.common.errors import ConfigError
 from helpers import make_cfg
 
 SPEC = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221", "127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}
@@ -191,9 +191,9 @@ def test_pinned_workers_get_cores_of_their_own():
 def test_tasks_start_the_usual_way_when_the_fork_server_cannot(tmp_path, caplog):
     """A fork server that dies at start (its imports failed): the task runs its own command instead,
     and the launcher says so, naming the server's log."""
-    from distrain.forkserver import ForkServer
-    from distrain.rundir import RunDir
-    from distrain.supervisor import TaskProcess
+    from distrain.launcher.forkserver import ForkServer
+    from distrain.common.rundir import RunDir
+    from distrain.launcher.supervisor import TaskProcess
 
     broken = [sys.executable, "-c", "import sys; sys.exit('ImportError: no tensorflow here')"]
     with ForkServer(tmp_path / "config.yaml", tmp_path / "logs" / "forkserver.log", wrap=lambda _: broken) as forks:
@@ -246,7 +246,7 @@ def test_tensorflow_errors_of_a_cluster_are_one_line_for_the_launcher():
     import tensorflow as tf
     from omegaconf import OmegaConf
 
-    from distrain.task import lost_peer
+    from distrain.task.main import lost_peer
 
     cfg = OmegaConf.create({"cluster": {"peer_timeout": 30}})
     remote = ("2 root error(s) found.\n  (0) INTERNAL: {{function_node __wrapped__Identity_device_/job:chief/replica:0/"

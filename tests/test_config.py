@@ -1,8 +1,8 @@
 """The real conf/ composes in every combination a user can name, and bad values fail fast."""
 import pytest
 
-from distrain.config import validate
-from distrain.errors import ConfigError
+from distrain.config.validate import validate
+from distrain.common.errors import ConfigError
 from helpers import CONF, make_cfg
 
 
@@ -71,9 +71,9 @@ def test_batch_that_divides_over_replicas_passes():
 
 def test_old_steps_per_schedule_still_works_with_one_notice(capsys):
     """strategy.steps_per_schedule was the parameter-server spelling of trainer.steps_per_execution."""
-    import distrain.config
+    import distrain.config.validate
 
-    distrain.config._told.clear()
+    distrain.config.validate._told.clear()
     cfg = validate(make_cfg("strategy=parameter_server", "strategy.steps_per_schedule=7"))
     assert cfg.trainer.steps_per_execution == 7
     assert cfg.strategy.steps_per_schedule is None  # one key in the recorded config

@@ -16,9 +16,10 @@ from omegaconf.errors import OmegaConfBaseException
 from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser
 
-from distrain import cli, inference
-from distrain.config import check_objective, validate
-from distrain.errors import ConfigError
+from distrain import cli
+from distrain.inference import commands as inference
+from distrain.config.validate import check_objective, validate
+from distrain.common.errors import ConfigError
 from helpers import ROOT
 
 DOCS = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").glob("*.md"))),

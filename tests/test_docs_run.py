@@ -33,7 +33,8 @@ import pytest
 from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser
 
-from distrain import cli, tfrecords
+from distrain import cli
+from distrain.data import write_tfrecords as tfrecords
 from helpers import ROOT, here
 from test_docs import DOCS, NEEDS_ELSEWHERE, NOT_HERE, READERS_MODULES, check, commands, distrain_args, lay_out
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from distrain import data, files
-from distrain.context import Topology
-from distrain.errors import ConfigError
+from distrain.data import arrays as data, files
+from distrain.task.context import Topology
+from distrain.common.errors import ConfigError
 from helpers import RUN_TIMEOUT, assert_nothing_left, check_evaluations, make_cfg, record_file, run_cli
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.batch_size=64", "trainer.verbose=2"]
@@ -25,7 +25,7 @@ def digits(n: int, seed: int = 0):
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """960 training digits in 4 shards, 320 test digits in 2 (written by distrain's own writer)."""
-    from distrain import tfrecords
+    from distrain.data import write_tfrecords as tfrecords
 
     out = tmp_path_factory.mktemp("shards")
     x, y = digits(1280)
@@ -86,7 +86,8 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     many files as pipelines; DATA sharding (every file, a share of its records) with fewer."""
     import tensorflow as tf
 
-    from distrain import pipeline, tfrecords
+    from distrain.task import input_pipeline as pipeline
+    from distrain.data import write_tfrecords as tfrecords
 
     x, _ = digits(400)
     for k in range(4):
@@ -112,7 +113,7 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
 def test_a_batch_larger_than_a_decoding_chunk_holds_the_same_examples(shards):
     """Batches of more than pipeline.DECODE records are decoded in chunks of DECODE: a batch of 256 is the
     two batches of 128 that the same seed gives (control: another seed, other examples)."""
-    from distrain import pipeline
+    from distrain.task import input_pipeline as pipeline
 
     def first(batch: int, n: int, seed: int = 42):
         cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", f"trainer.batch_size={batch}", f"trainer.seed={seed}"))
@@ -133,7 +134,7 @@ def test_a_resumed_run_on_files_ends_as_one_never_stopped(shards, tmp_path, monk
     checkpoint, the batches after it are the ones an uninterrupted run takes (skipped as records)."""
     from test_resume import Crash, crash_after
 
-    from distrain.training import train
+    from distrain.task.training import train
 
     config = tfrecord(shards, "data.num_classes=10", "model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1",
                       "trainer.batch_size=64", "trainer.epochs=2", "trainer.verbose=0",
@@ -157,7 +158,7 @@ def test_a_resumed_run_on_files_ends_as_one_never_stopped(shards, tmp_path, monk
 @pytest.mark.slow
 def test_tfrecord_shards_train_under_mirrored_with_a_set_number_of_steps(shards, tmp_path):
     """In-process, on 2 virtual CPUs: every strategy in one process reads through the same reader."""
-    from distrain.training import train
+    from distrain.task.training import train
 
     results, _ = train(make_cfg(*tfrecord(shards, "strategy=mirrored", "strategy.cpu_virtual_devices=2", *QUICK,
                                           "trainer.epochs=3", "trainer.steps_per_epoch=10", "trainer.verbose=0",
@@ -247,7 +248,7 @@ def test_a_bad_record_met_while_streaming_is_one_line_naming_it(shards, tmp_path
     (the task says it in one line: bad_data)."""
     import tensorflow as tf
 
-    from distrain.pipeline import bad_data, file_reader
+    from distrain.task.input_pipeline import bad_data, file_reader
 
     x, y = digits(64, seed=3)
     images, labels = list(x), [int(v) for v in y]
@@ -276,7 +277,7 @@ def test_a_file_cut_short_after_the_scan_is_one_line(tmp_path):
     cut later (or only on a worker's machine) fails where it is read, in one line too."""
     import tensorflow as tf
 
-    from distrain.pipeline import bad_data, file_reader
+    from distrain.task.input_pipeline import bad_data, file_reader
 
     x, y = digits(64, seed=3)
     shard = _shard(tmp_path / "cut.tfrecord", list(x), [int(v) for v in y])
@@ -310,7 +311,7 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
     """A file the launcher found, gone (or never there) where a worker reads it: one line naming it."""
     import tensorflow as tf
 
-    from distrain import pipeline, worker_files
+    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files
 
     cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", "trainer.batch_size=32"))
     found = files.scan(cfg.data, seed=0)
@@ -325,7 +326,8 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
 
 def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):
     """write-tfrecords' two encodings, read back: the pixels of the arrays they came from, scaled to [0, 1]."""
-    from distrain import pipeline, tfrecords
+    from distrain.task import input_pipeline as pipeline
+    from distrain.data import write_tfrecords as tfrecords
 
     x, y = digits(50)
     for encoding in ("png", "raw"):
@@ -346,7 +348,7 @@ def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards,
     found: here the coordinator saw a file the worker's disk lacks (control: the same files)."""
     import tensorflow as tf
 
-    from distrain import pipeline
+    from distrain.task import input_pipeline as pipeline
 
     monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)

@@ -8,7 +8,10 @@ import signal
 import numpy as np
 import pytest
 
-from distrain import cluster, cpu, data, forkserver, inference, launcher, parts, tfrecords
+from distrain.common import cluster, cpu
+from distrain.data import arrays as data, write_tfrecords as tfrecords
+from distrain.launcher import forkserver, launch as launcher
+from distrain.inference import commands as inference, cluster_parts as parts
 from helpers import alive, during, here, make_cfg, task_pids, task_state, wait_until
 
 pytestmark = pytest.mark.slow  # a trained run, and TensorFlow in this process
@@ -20,7 +23,7 @@ def trained(tmp_path_factory):
     test images as plain Keras gets them (pixels / 255) with their labels."""
     from omegaconf import OmegaConf
 
-    from distrain.training import train
+    from distrain.task.training import train
 
     run = tmp_path_factory.mktemp("use") / "run"
     cfg = make_cfg("data.source=bundled", "model=mlp", "trainer.epochs=1", "trainer.verbose=0")
@@ -37,7 +40,7 @@ def regression(tmp_path_factory):
     test rows and targets."""
     from omegaconf import OmegaConf
 
-    from distrain.training import train
+    from distrain.task.training import train
 
     where = tmp_path_factory.mktemp("regression")
     rng = np.random.default_rng(0)

@@ -1,8 +1,8 @@
 import pytest
 import tf_keras as keras
 
-from distrain.errors import ConfigError
-from distrain.model import build_model
+from distrain.common.errors import ConfigError
+from distrain.task.model import build_model
 from helpers import make_cfg
 
 

@@ -19,9 +19,10 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain import data, memory
-from distrain.supervisor import STOP_GRACE_SECONDS
-from distrain.training import train
+from distrain.data import arrays as data
+from distrain.launcher import memory
+from distrain.launcher.supervisor import STOP_GRACE_SECONDS
+from distrain.task.training import train
 from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_in_epoch_2, kill_task, make_cfg,
                      run_cli, start, task_state, tensorboard_values, to_the_launcher, untimed, wait_until,
                      while_running, write_idx)
@@ -102,7 +103,7 @@ def check_forked(run_dir):
         if task["cores"]:
             assert os.sched_getaffinity(task["pid"]) == set(task["cores"]), task
     (server,) = parents
-    assert Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")[1:4] == [b"-m", b"distrain.forkserver", b"(shared)"]
+    assert Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")[1:4] == [b"-m", b"distrain.launcher.forkserver", b"(shared)"]
 
 
 def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_then_restart_the_cluster(

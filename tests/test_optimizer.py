@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from distrain.checking import check
-from distrain.optimizer import Warmup, learning_rate, make_optimizer
+from distrain.config.schema_check import check
+from distrain.task.optimizer import Warmup, learning_rate, make_optimizer
 from helpers import RUN_TIMEOUT, make_cfg, small, tensorboard_values
 
 
@@ -45,7 +45,7 @@ def test_optimizer_arguments_and_a_users_own_class():
 
 def test_what_only_the_task_can_check_is_one_line():
     """(Found where TensorFlow runs, after the launcher's checks: a task prints the ConfigError as one line.)"""
-    from distrain.errors import ConfigError
+    from distrain.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^the warm-up \(250 steps\) is not shorter than the run \(125 steps\): "
                                           r"lower schedule.warmup_steps or schedule.warmup_epochs"):
@@ -138,8 +138,8 @@ def test_warmup_and_scaling_train_under_mirrored_and_the_model_loads_in_plain_ke
     """2 replicas, SGD with Nesterov momentum, cosine decay after a warm-up of half an epoch, the rate scaled
     with the batch: TensorBoard logs the schedule's rate at each epoch's end; the saved models load in a
     process without distrain (this run's without its optimizer, whose warm-up is distrain's)."""
-    from distrain.metrics import Float32
-    from distrain.training import train
+    from distrain.task.metrics import Float32
+    from distrain.task.training import train
 
     cfg = small("strategy=mirrored", "strategy.cpu_virtual_devices=2", "model=mlp", "optimizer=sgd",
                 "optimizer.momentum=0.9", "optimizer.nesterov=true", "schedule=cosine", "schedule.warmup_epochs=0.5",

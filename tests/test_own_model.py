@@ -10,11 +10,11 @@ import tf_keras as keras
 import yaml
 
 from helpers import ROOT, assert_nothing_left, make_cfg, run_cli
-from distrain import data
-from distrain.config import validate
-from distrain.errors import ConfigError
-from distrain.model import build_model, check_model
-from distrain.training import train
+from distrain.data import arrays as data
+from distrain.config.validate import validate
+from distrain.common.errors import ConfigError
+from distrain.task.model import build_model, check_model
+from distrain.task.training import train
 
 MODELS = '''
 import tensorflow as tf
@@ -519,7 +519,7 @@ def test_a_saved_model_holds_traces_where_plain_keras_needs_them(tmp_path, activ
     holds no traced function per layer (0.2 s of CPU less to save). An activation or a layer of the user's:
     the traces stay, and plain Keras loads the model without the user's code. All keep Keras's serving
     signature."""
-    from distrain.training import save_model
+    from distrain.task.training import save_model
 
     model = keras.Sequential([keras.Input((4,), name="rows"), keras.layers.Dense(8, activation=activation),
                               layer(), keras.layers.Dense(3, name="scores")])

@@ -18,9 +18,9 @@ import tensorflow as tf
 
 from helpers import (assert_nothing_left, here, in_process, kill_in_epoch_2, kill_task, run_cli, small,
                      to_the_launcher, untimed, wait_until, while_running)
-from distrain import runners
-from distrain.errors import ConfigError
-from distrain.training import train
+from distrain.task import runners
+from distrain.common.errors import ConfigError
+from distrain.task.training import train
 
 pytestmark = pytest.mark.slow  # every test trains, most in processes of their own
 
@@ -179,7 +179,7 @@ def uninterrupted(tmp_path_factory):
 def shards(tmp_path_factory) -> list:
     """The same synthetic examples as data=synthetic data.train_examples=2048 data.test_examples=256, in
     TFRecord shards (4 and 1): the overrides that train on them."""
-    from distrain import data, tfrecords
+    from distrain.data import arrays as data, write_tfrecords as tfrecords
 
     out = tmp_path_factory.mktemp("shards")
     (x, y), (x_test, y_test) = data.synthetic(2048, 256, seed=42)

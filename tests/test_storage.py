@@ -17,25 +17,28 @@ import pytest
 import yaml
 
 from helpers import ROOT, TRAIN_PY, assert_nothing_left, finish, in_process, run_cli, sweep_cli, wait_until
-from distrain import storage
+from distrain.common import storage
 
 # Files written in place, not through storage.write_atomic, and why that is safe.
-WRITTEN_IN_PLACE = {"storage.py": "the atomic write itself", "task_output.py": "task logs, appended to as they come",
-                    "supervisor.py": "a task's stacks, appended to its log",
-                    "forkserver.py": "its log, appended to as it comes", "process.py": "the heartbeat: only its time",
-                    "cluster.py": "core locks, which hold nothing", "data.py": "a download to .part, then renamed",
-                    "plots.py": "a picture to .tmp.png, then renamed",
-                    "stacks.py": "a task's step and stacks in the scratch directory, read by the launcher alone"}
+WRITTEN_IN_PLACE = {"common/storage.py": "the atomic write itself", "launcher/task_log.py": "task logs, appended to as they come",
+                    "launcher/supervisor.py": "a task's stacks, appended to its log",
+                    "launcher/forkserver.py": "its log, appended to as it comes", "common/lifetime.py": "the heartbeat: only its time",
+                    "common/cluster.py": "core locks, which hold nothing", "data/arrays.py": "a download to .part, then renamed",
+                    "report/plots.py": "a picture to .tmp.png, then renamed",
+                    "common/stacks.py": "a task's step and stacks in the scratch directory, read by the launcher alone"}
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic", "data.train_examples=1024",
          "data.test_examples=256", "trainer.batch_size=64", "trainer.verbose=2"]  # 16 steps an epoch
+
+
+PACKAGE = ROOT / "src" / "distrain"
 
 
 def test_files_that_others_read_are_written_whole_or_not_at_all():
     """Every write in the code goes through storage.write_atomic (a temporary name, then a rename) but
     for the modules named above; and that write leaves no temporary file when it fails."""
     plain = re.compile(r"(?<!report)(?<!storage)\.write_(text|bytes)\(|open\([^)]*[\"'][wax]b?[\"']|savefig\(")
-    found = {path.name for path in (ROOT / "src" / "distrain").glob("*.py")
+    found = {str(path.relative_to(PACKAGE)) for path in PACKAGE.glob("**/*.py")
              if any(plain.search(line) for line in path.read_text().splitlines())}
     assert found == set(WRITTEN_IN_PLACE), found ^ set(WRITTEN_IN_PLACE)
     assert plain.search("tmp.write_bytes(data)") and not plain.search("storage.write_atomic(path, x)")  # control

@@ -4,10 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from distrain import launcher, supervisor
-from distrain.restarts import (DEPARTED, FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide,
+from distrain.launcher import launch as launcher, supervisor
+from distrain.launcher.restarts import (DEPARTED, FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide,
                                signalled)
-from distrain.rundir import RunDir
+from distrain.common.rundir import RunDir
 from helpers import make_cfg
 
 

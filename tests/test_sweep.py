@@ -21,8 +21,10 @@ import pytest
 import yaml
 
 from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, sweep_cli, tensorboard_values
-from distrain import cluster, dashboard, supervisor, sweep, task_output
-from distrain.rundir import RunDir
+from distrain.common import cluster
+from distrain.report import dashboard, sweep
+from distrain.launcher import supervisor, task_log as task_output
+from distrain.common.rundir import RunDir
 
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
@@ -251,7 +253,7 @@ def test_joblib_runs_jobs_side_by_side_and_summarises_them(tmp_path):
 @pytest.mark.slow
 def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_path):
     """The shards written from an array source by `distrain write-tfrecords`, as a user moves to files."""
-    from distrain import tfrecords
+    from distrain.data import write_tfrecords as tfrecords
 
     shards = tmp_path / "shards"  # (the command's own code, in this process: TensorFlow is imported here already)
     assert tfrecords.main(["data=synthetic", "data.train_examples=512", "data.test_examples=128", f"out={shards}",
@@ -563,7 +565,7 @@ def test_a_run_s_curves_are_the_picture_matplotlib_lays_out_and_draw_once(tmp_pa
     import matplotlib.figure
     from PIL import Image, ImageChops
 
-    from distrain import plots
+    from distrain.report import plots
 
     results = {"history": {"loss": [2.3, 1.1, 0.6], "accuracy": [0.4, 0.7, 0.9], "time_input": [0.1] * 3},
                "test_accuracy": 0.93, "strategy": "mirrored", "model": "cnn", "data": "mnist", "num_replicas": 2,

@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from distrain.config import validate
-from distrain.errors import ConfigError
-from distrain.metrics import pick_accuracy
-from distrain.schema import labels_read
-from distrain.targets import check_arguments, takes
+from distrain.config.validate import validate
+from distrain.common.errors import ConfigError
+from distrain.task.metrics import pick_accuracy
+from distrain.config.schema import labels_read
+from distrain.config.targets import check_arguments, takes
 from helpers import make_cfg
 
 USER_CODE = '''
@@ -111,7 +111,7 @@ def test_a_signature_says_what_a_class_takes_through_its_bases():
     assert "beta_1" not in takes("tf_keras.optimizers.SGD")
     assert takes("tf_keras.metrics.BinaryAccuracy") >= {"threshold", "name", "dtype"}
     assert takes("tf_keras.losses.MeanSquaredError") == {"reduction", "name"}
-    assert takes("distrain.model.cnn") == {"input_shape", "num_classes", "dropout", "name"}
+    assert takes("distrain.task.model.cnn") == {"input_shape", "num_classes", "dropout", "name"}
     assert takes("builtins.dict") is None and takes("nosuchmodule.thing") is None  # any: nothing refused
 
 
@@ -138,7 +138,7 @@ def test_the_default_accuracy_follows_the_loss(loss, labels, picked):
 
 
 def test_a_users_loss_lets_the_labels_say_what_they_are():
-    from distrain.data import labels_of
+    from distrain.data.arrays import labels_of
 
     assert labels_read(make_cfg("loss._target_=usercode.Focal").loss) is None
     assert labels_of(np.array([0, 2, 1])) == "classes"
@@ -153,7 +153,7 @@ def test_where_the_labels_cannot_tell_the_line_names_the_key_that_settles_it():
     import tensorflow as tf
     import tf_keras as keras
 
-    from distrain.metrics import check_loss
+    from distrain.task.metrics import check_loss
 
     own = make_cfg("loss._target_=usercode.Focal")
     assert labels_read(own.loss, own.data) is None

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain.checking import check
-from distrain.metrics import Tally, make_metrics
+from distrain.config.schema_check import check
+from distrain.task.metrics import Tally, make_metrics
 from helpers import ROOT, RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli, tensorboard_values
 
 TIME_SPLIT = {"time_input", "time_compute", "time_communication"}  # per epoch, in the history
@@ -75,7 +75,7 @@ def test_metric_states_summed_over_replicas_give_the_metric_of_the_whole_batch()
 
 
 def test_a_metric_that_cannot_be_summed_is_one_line():
-    from distrain.errors import ConfigError
+    from distrain.common.errors import ConfigError
 
     class Last(keras.metrics.Metric):  # keeps the last batch's value: not a sum
         def __init__(self, name="last"):
@@ -93,8 +93,8 @@ def test_a_metric_that_cannot_be_summed_is_one_line():
 
 
 def test_a_metric_of_probabilities_given_logits_is_one_line():
-    from distrain.errors import ConfigError
-    from distrain.metrics import check_metrics_read_the_outputs as check, pick_accuracy
+    from distrain.common.errors import ConfigError
+    from distrain.task.metrics import check_metrics_read_the_outputs as check, pick_accuracy
 
     binary = make_cfg("loss=binary_crossentropy", "metrics=binary").metrics
     with pytest.raises(ConfigError, match=r"^metrics.accuracy \(tf_keras.metrics.BinaryAccuracy\) reads probabilities, "
@@ -110,8 +110,8 @@ def test_a_metric_of_probabilities_given_logits_is_one_line():
 
 
 def test_the_one_hot_loss_given_class_indices_is_one_line():
-    from distrain.errors import ConfigError
-    from distrain.metrics import check_labels
+    from distrain.common.errors import ConfigError
+    from distrain.task.metrics import check_labels
 
     node = make_cfg("loss=categorical_crossentropy").loss
     with pytest.raises(ConfigError, match=r"^loss=categorical_crossentropy reads one-hot label rows \(N, classes\), "
@@ -122,8 +122,8 @@ def test_the_one_hot_loss_given_class_indices_is_one_line():
 
 def test_the_binary_loss_given_class_indices_is_one_line():
     """MNIST's labels 0-9 under loss=binary_crossentropy would train on a loss that goes negative."""
-    from distrain.errors import ConfigError
-    from distrain.metrics import check_labels
+    from distrain.common.errors import ConfigError
+    from distrain.task.metrics import check_labels
 
     node = make_cfg("loss=binary_crossentropy").loss
     with pytest.raises(ConfigError, match=r"^loss=binary_crossentropy reads labels from 0 to 1 \(one per output\), "
@@ -133,8 +133,8 @@ def test_the_binary_loss_given_class_indices_is_one_line():
 
 
 def test_a_sweeps_objective_must_be_a_number_its_runs_report():
-    from distrain.config import check_objective
-    from distrain.errors import ConfigError
+    from distrain.config.validate import check_objective
+    from distrain.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^trainer.objective=test_accuracy is not a number of a run's results.json: "
                                           r"set it to one of test_loss, test_mae, test_rmse, final_train_loss"):
@@ -216,7 +216,7 @@ def test_sync_training_reports_what_keras_fit_reports_and_mirrored_ends_alike(tm
     """distrain without shuffling (data.shuffle_buffer=0), float32: each epoch's training loss (with the
     L2 penalty) and metrics equal plain Keras fit(shuffle=False)'s on the same data, initial weights,
     optimizer, schedule and batch; the weights too. mirrored on 2 virtual CPUs ends with the same weights."""
-    from distrain.training import train
+    from distrain.task.training import train
 
     overrides, compile_args, builder_args = FIT_TASKS[task]
     rows = _regression_rows() if task == "regression" else multi_label_data()
@@ -283,7 +283,7 @@ def test_validation_and_callbacks_see_the_logs_fit_would_give_them(tmp_path):
     """Validation every epoch gives val_loss and val_accuracy to the history, TensorBoard's validation/
     and the callbacks; ReduceLROnPlateau halves the rate when the loss does not fall by 10, and
     EarlyStopping ends the run after its second validation, with the reason in results.json."""
-    from distrain.training import train
+    from distrain.task.training import train
 
     cfg = check(make_cfg("data=synthetic", "data.train_examples=1024", "data.test_examples=256", "model=mlp",
                          "trainer.batch_size=64", "trainer.epochs=6", "trainer.verbose=0", "trainer.save_model=false",
@@ -308,7 +308,7 @@ def test_validation_and_callbacks_see_the_logs_fit_would_give_them(tmp_path):
 def test_validation_split_holds_out_the_last_training_rows_for_validation(tmp_path):
     """data.validation_split=0.2 of 1000 rows: training on the first 800 (16 steps of 50 an epoch), and
     validation on the last 200, as fit(validation_split=0.2) holds them out; the test set stays test_*."""
-    from distrain.training import train
+    from distrain.task.training import train
 
     npz = regression_data(tmp_path / "rows.npz")
     sys.modules.setdefault("test_task_models", _module(MODELS))
@@ -329,7 +329,7 @@ def test_a_16_bit_output_is_evaluated_in_float32_and_the_user_is_told(tmp_path, 
     """Under mixed precision a user's model that ends in a 16-bit layer: Keras's evaluate would give
     its metrics 16-bit outputs and labels (R2Score refuses them); distrain's evaluate casts both back to
     float32, and a line says to give the last layer dtype='float32'."""
-    from distrain.training import train
+    from distrain.task.training import train
 
     npz = regression_data(tmp_path / "rows.npz")
     sys.modules.setdefault("test_task_models", _module(MODELS))
@@ -363,8 +363,8 @@ def test_the_task_examples_train_from_their_own_directories(monkeypatch, tmp_pat
     """examples/diabetes (regression, validation rows, early stopping) and examples/breast_cancer
     (binary, AdamW, warm-up and cosine): their loaders read scikit-learn's bundled tables, their
     experiment presets name the task."""
-    from distrain.config import validate
-    from distrain.training import train
+    from distrain.config.validate import validate
+    from distrain.task.training import train
 
     directory = ROOT / "examples" / example
     monkeypatch.chdir(directory)
@@ -385,8 +385,8 @@ def test_a_metric_that_fails_in_evaluate_is_one_line(tmp_path):
     """tf_keras's R2Score under mirrored replicas and mixed precision: Keras reads its lazily made
     variables where it cannot, in evaluate() only. One line naming the fix, not a traceback (nor, on
     a cluster, a restart that fails alike); the control, in float32, trains and validates."""
-    from distrain.errors import ConfigError
-    from distrain.training import train
+    from distrain.common.errors import ConfigError
+    from distrain.task.training import train
 
     npz = regression_data(tmp_path / "rows.npz")
     sys.modules.setdefault("test_task_models", _module(MODELS))
@@ -411,7 +411,7 @@ def test_a_metric_that_fails_in_evaluate_is_one_line(tmp_path):
 def test_a_callback_with_per_batch_hooks_is_told_apart():
     """The loop calls epoch hooks only: a callback of per-batch hooks (TerminateOnNaN's on_batch_end) is
     said; one of epoch hooks (EarlyStopping) is not, the control."""
-    from distrain.training import _batch_hooks
+    from distrain.task.training import _batch_hooks
 
     assert _batch_hooks(keras.callbacks.TerminateOnNaN())
     assert not _batch_hooks(keras.callbacks.EarlyStopping())

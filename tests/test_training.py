@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain.errors import ConfigError, Diverged
-import distrain.strategy
-from distrain import training
-from distrain.training import train
+from distrain.common.errors import ConfigError, Diverged
+import distrain.task.strategy
+from distrain.task import training
+from distrain.task.training import train
 from helpers import small, tensorboard_values
 
 pytestmark = pytest.mark.slow  # every test trains (make test-fast leaves them out)

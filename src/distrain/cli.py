@@ -23,12 +23,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import checking, storage
-from .config import validate
-from .errors import ConfigError, print_error
-from .process import exit_now
-from .protocol import STARTED
-from .rundir import RunDir
+from distrain.config import schema_check as checking
+from distrain.common import storage
+from distrain.config.validate import validate
+from distrain.common.errors import ConfigError, print_error
+from distrain.common.lifetime import exit_now
+from distrain.common.messages import STARTED
+from distrain.common.rundir import RunDir
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")  # inside the package: an installed wheel has it
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM
@@ -44,7 +45,8 @@ class JobFailed(Exception):
 def run(cfg: DictConfig) -> float | JobFailed | None:
     """Runs one job; returns trainer.objective of its results (test accuracy by default), which a Hydra
     sweeper such as Optuna optimises."""
-    from . import launcher, sweep  # here: --help and --cfg job need neither (numpy, ports: 0.25 s of imports)
+    from distrain.launcher import launch as launcher
+    from distrain.report import sweep  # here: --help and --cfg job need neither (numpy, ports: 0.25 s of imports)
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -76,7 +78,7 @@ def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:
     """A sweep's job in a process of its own (sweep.runs_jobs_apart), which hears Ctrl-C for the sweep
     (the sweep's process ignores it): interrupted, it says so to the sweep, whose other jobs stop too.
     Between jobs, the process ignores Ctrl-C again (joblib's workers would die of it)."""
-    from . import launcher
+    from distrain.launcher import launch as launcher
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -288,11 +290,11 @@ def _tool(command: str, run_dirs: list, flags: list, overrides: list) -> int:
     the overrides a run takes (-m: a,b values make a job each)."""
     asks_help = bool({"-h", "--help"} & set(flags))
     if command in ("evaluate", "predict"):  # the trained model
-        from . import inference
+        from distrain.inference import commands as inference
 
         return inference.main(command, run_dirs + overrides, lambda o: _compose(flags, o), help=asks_help,
                               multirun=bool({"-m", "--multirun"} & set(flags)))
-    from . import tfrecords
+    from distrain.data import write_tfrecords as tfrecords
 
     return tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
 
@@ -344,11 +346,11 @@ def main() -> None:
     if os.getcwd() not in sys.path:  # a user's model or data module, as the tasks (python -m) import it
         sys.path.insert(1, os.getcwd())
     if sys.argv[1:2] == ["summarize"]:
-        from . import sweep
+        from distrain.report import sweep
 
         sys.exit(sweep.main(sys.argv[2:]))
     if sys.argv[1:2] == ["stacks"]:
-        from . import stacks
+        from distrain.common import stacks
 
         sys.exit(stacks.main(sys.argv[2:]))
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
@@ -386,7 +388,7 @@ def main() -> None:
         print_error(_unwritten(exc, command, overrides))
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C outside a job (between the jobs of a sweep, or joblib's): no traceback
-        sweep = sys.modules.get("distrain.sweep")  # a sweep under way imported it
+        sweep = sys.modules.get("distrain.report.sweep")  # a sweep under way imported it
         if sweep:
             sweep.mark_interrupted(sweep.SweepSummary.sweep_dir, "interrupted by SIGINT")
         print("interrupted: every process of the run stopped (a sweep: `distrain summarize SWEEP_DIR` "

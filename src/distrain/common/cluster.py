@@ -1,0 +1,410 @@
+"""Where the tasks of a cluster come from, and the private network a local cluster runs in.
+
+A cluster is TensorFlow's spec: {"chief": [...], "worker": ["host:port", ...], "ps": [...]}, and a
+task is (type, index) within it. Every task learns both from TF_CONFIG, as on Kubernetes or Vertex AI.
+No TensorFlow here: the launcher uses this module.
+"""
+import atexit
+import fcntl
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import portpicker
+
+from distrain.common.errors import ConfigError
+from distrain.config.schema import MWMS, PS
+
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task of the cluster, as TensorFlow means it: its job's name (chief, worker, ps, evaluator), its
+    index in that job, and its address."""
+    type: str
+    index: int
+    address: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}-{self.index}"
+
+
+def parse_address(address, what: str) -> tuple[str, int]:
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} {address!r} is not host:port: write e.g. 127.0.0.1:2222")
+    return host, int(port)
+
+
+def check_spec(spec: dict, strategy: str) -> dict:
+    """Validate a cluster spec for a strategy; returns it. One ConfigError line per problem."""
+    if not isinstance(spec, dict) or not spec.get("worker"):
+        raise ConfigError("the cluster has no worker tasks: list at least one worker address")
+    for task_type, addresses in spec.items():
+        if task_type not in TASK_TYPES:
+            raise ConfigError(f"unknown task type {task_type!r} in the cluster: use {', '.join(TASK_TYPES)}")
+        if not isinstance(addresses, list):
+            raise ConfigError(f"cluster entry {task_type!r} must be a list of host:port addresses")
+        for address in addresses:
+            parse_address(address, f"{task_type} address")
+    if len(spec.get("chief", [])) > 1:
+        raise ConfigError("a cluster has at most one chief: list one address under chief")
+    if strategy == PS:
+        if not spec.get("ps"):
+            raise ConfigError("strategy=parameter_server needs at least one ps task: "
+                              "set cluster.ps=1 (local) or list ps addresses")
+        if not spec.get("chief"):
+            raise ConfigError("strategy=parameter_server needs a chief task (the coordinator that trains): "
+                              "add cluster.chief_host (manual) or a chief entry in TF_CONFIG")
+    elif strategy == MWMS and spec.get("ps"):
+        raise ConfigError("strategy=multi_worker_mirrored takes no ps tasks: "
+                          "drop them or use strategy=parameter_server")
+    all_addresses = [a for t in ("chief", "worker", "ps", "evaluator") for a in spec.get(t, [])]
+    duplicates = {a for a in all_addresses if all_addresses.count(a) > 1}
+    if duplicates:
+        raise ConfigError(f"address {sorted(duplicates)[0]} is given to two tasks: give each task its own port")
+    return spec
+
+
+def check_task(spec: dict, task_type: str, index) -> Task:
+    if task_type not in spec:
+        raise ConfigError(f"task type {task_type!r} is not in the cluster (it has {', '.join(spec)}): "
+                          "fix the task type or the cluster")
+    count = len(spec[task_type])
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(f"TF_CONFIG task index {index!r} must be an integer: write e.g. \"index\": 0")
+    if not 0 <= index < count:
+        raise ConfigError(f"task index {index!r} is outside the cluster: {task_type} has {count} task(s), "
+                          f"so use an index from 0 to {count - 1}")
+    return Task(task_type, index, spec[task_type][index])
+
+
+def tf_config(spec: dict, task: Task) -> str:
+    return json.dumps({"cluster": spec, "task": {"type": task.type, "index": task.index}})
+
+
+def task_env(spec: dict, task: Task) -> dict:
+    """What a task process needs to know: its place in the cluster, and that a lost peer is an
+    error at once (GRPC_FAIL_FAST) rather than a wait that never ends."""
+    return {"TF_CONFIG": tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller"}
+
+
+def this_task(cluster, strategy: str) -> tuple[dict, Task]:
+    """The cluster and this process's task in it, on a cluster spread over machines (cluster.name)."""
+    if cluster.name == "slurm":
+        return from_slurm(cluster, strategy)
+    if cluster.name == "manual":
+        return from_manual(cluster, strategy)
+    return from_tf_config(os.environ.get("TF_CONFIG"), strategy)
+
+
+def from_tf_config(text, strategy: str) -> tuple[dict, Task]:
+    """The cluster and this task from a TF_CONFIG value (as Kubeflow, Vertex AI or Ray set it)."""
+    if not text:
+        raise ConfigError("cluster=tf_config needs the TF_CONFIG environment variable: "
+                          "set it to {\"cluster\": {...}, \"task\": {\"type\": ..., \"index\": ...}}")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({exc}): fix the environment variable") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("task"), dict) or "cluster" not in parsed:
+        raise ConfigError("TF_CONFIG needs a \"cluster\" and a \"task\" ({\"type\": ..., \"index\": ...}): "
+                          "fix the environment variable")
+    spec = check_spec(parsed["cluster"], strategy)
+    return spec, check_task(spec, parsed["task"].get("type"), parsed["task"].get("index", 0))
+
+
+def from_manual(cluster, strategy: str) -> tuple[dict, Task]:
+    """The classic flags: worker_hosts, ps_hosts (and chief_host), task_type, task_index."""
+    spec = {"worker": list(cluster.worker_hosts or [])}
+    if cluster.ps_hosts:
+        spec["ps"] = list(cluster.ps_hosts)
+    if cluster.chief_host:
+        spec["chief"] = [cluster.chief_host]
+    spec = check_spec(spec, strategy)
+    if cluster.task_type is None:
+        raise ConfigError("cluster=manual needs this task's role: set cluster.task_type=worker|ps|chief "
+                          "and cluster.task_index=N")
+    return spec, check_task(spec, cluster.task_type, cluster.task_index)
+
+
+def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, Task]:
+    """The cluster and this task from the variables srun sets, one process per Slurm task. Ranks are
+    laid on the nodes in order (Slurm's default block distribution); a task's port is
+    cluster.port_base + 100 x (job id mod 200) + its place on its node. Roles go by rank: multi_worker_mirrored, all
+    workers; parameter_server, the chief, then cluster.ps ps tasks, then the workers; an evaluator last."""
+    if "SLURM_PROCID" not in env or "SLURM_STEP_NODELIST" not in env:
+        raise ConfigError("cluster=slurm runs as the tasks of a Slurm job step: start it with srun, e.g. "
+                          "srun -n 2 python train.py strategy=multi_worker_mirrored cluster=slurm")
+    rank, ntasks = int(env["SLURM_PROCID"]), int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+    nodes = slurm_hostnames(env["SLURM_STEP_NODELIST"])
+    base = cluster.port_base + 100 * (int(env.get("SLURM_JOB_ID", 0)) % 200)  # jobs sharing a node: other ports
+    addresses = [f"{node}:{base + i}"
+                 for node, n in zip(nodes, slurm_counts(env["SLURM_STEP_TASKS_PER_NODE"])) for i in range(n)]
+    mine = f"{env.get('SLURMD_NODENAME', nodes[0])}:{base + int(env.get('SLURM_LOCALID', 0))}"
+    if len(addresses) != ntasks or addresses[rank] != mine:
+        raise ConfigError(f"Slurm placed task {rank} as {mine}, not in rank order on the nodes: run srun with "
+                          "the default block distribution (srun -m block)")
+    evaluators = 1 if cluster.evaluator else 0
+    need = slurm_tasks(cluster, strategy)
+    if cluster.workers and ntasks != need:
+        raise ConfigError(f"cluster.workers={cluster.workers} makes {need} Slurm tasks with the others, but this "
+                          f"step has {ntasks}: srun -n {need}, or drop cluster.workers to use every task")
+    if strategy == PS:
+        if cluster.ps < 1 or ntasks < need:
+            roles = f"a chief, {max(cluster.ps, 1)} ps, a worker" + (", an evaluator" if evaluators else "")
+            raise ConfigError(f"strategy=parameter_server with cluster.ps={cluster.ps} needs at least {need} Slurm "
+                              f"tasks ({roles}); this step has {ntasks}: set cluster.ps=1 or more, and srun -n "
+                              f"{need} or more")
+        roles = ["chief"] + ["ps"] * cluster.ps + ["worker"] * (ntasks - 1 - cluster.ps - evaluators)
+    else:
+        if cluster.ps:
+            raise ConfigError(f"strategy={strategy} takes no ps tasks: drop cluster.ps={cluster.ps} "
+                              "or use strategy=parameter_server")
+        if ntasks < need:
+            raise ConfigError(f"cluster.evaluator=true needs a Slurm task besides the workers; this step has "
+                              f"{ntasks}: srun -n {need} or more")
+        roles = ["worker"] * (ntasks - evaluators)
+    roles += ["evaluator"] * evaluators
+    spec = {}
+    for role, address in zip(roles, addresses):
+        spec.setdefault(role, []).append(address)
+    spec = check_spec(spec, strategy)
+    return spec, Task(roles[rank], roles[:rank].count(roles[rank]), addresses[rank])
+
+
+def slurm_gpus(env=os.environ) -> dict:
+    """This Slurm task's share of its node's GPUs, as CUDA_VISIBLE_DEVICES: Slurm gives every task of a
+    node all of the node's GPUs (--gres=gpu:N) unless asked per task (--gpus-per-task, which sets
+    CUDA_VISIBLE_DEVICES itself), and two TensorFlow tasks on one GPU would fight over its memory.
+    Empty when Slurm gave no GPUs, or gave them per task already."""
+    gpus = [g for g in (env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or "").split(",") if g]
+    if not gpus or env.get("SLURM_GPUS_PER_TASK"):
+        return {}
+    nodes = slurm_hostnames(env["SLURM_STEP_NODELIST"])
+    here = dict(zip(nodes, slurm_counts(env["SLURM_STEP_TASKS_PER_NODE"])))[env.get("SLURMD_NODENAME", nodes[0])]
+    local, share = int(env.get("SLURM_LOCALID", 0)), max(1, len(gpus) // here)
+    mine = gpus[local * share:(local + 1) * share] if len(gpus) >= here else [gpus[local % len(gpus)]]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+
+
+def slurm_tasks(cluster, strategy: str) -> int:
+    """The Slurm tasks a run of cluster=slurm takes, given cluster.workers (else the fewest it can)."""
+    workers = cluster.workers or 1
+    chief_and_ps = 1 + max(cluster.ps, 1) if strategy == PS else 0
+    return chief_and_ps + workers + (1 if cluster.evaluator else 0)
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """Slurm's compressed node list (node[01-03],gpu7) as host names, by Slurm's own scontrol."""
+    if "[" not in nodelist:
+        return nodelist.split(",")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError(f"cannot expand Slurm's node list {nodelist!r} ({exc}): run on a node with "
+                          "scontrol") from None
+    return out.split()
+
+
+def slurm_counts(tasks_per_node: str) -> list[int]:
+    """SLURM_STEP_TASKS_PER_NODE, e.g. '2(x3),1', as one count per node: [2, 2, 2, 1]."""
+    counts = []
+    for part in tasks_per_node.split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    return counts
+
+
+def local_spec(strategy: str, workers: int, ps: int, host: str = "127.0.0.1") -> dict:
+    """A cluster on this machine, ports picked free. Parameter servers get a chief (the coordinator)."""
+    counts = {"worker": workers}
+    if strategy == PS:
+        counts = {"chief": 1, "worker": workers, "ps": ps}
+    spec = {t: [f"{host}:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in counts.items() if n}
+    return check_spec(spec, strategy)
+
+
+def check_port_free(task: Task) -> None:
+    """A task's own port must be free before its server starts; TensorFlow would only say 'failed'."""
+    _, port = parse_address(task.address, "address")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "in use"
+        try:
+            s.bind(("", port))
+        except OSError:
+            raise ConfigError(f"port {port} of {task.type}:{task.index} ({task.address}) is already in use: "
+                              "stop what holds it or give this task another port") from None
+
+
+def peers(spec: dict, task: Task) -> dict:
+    """The other tasks of the cluster: name -> address."""
+    return {f"{t}-{i}": a for t, addresses in spec.items() for i, a in enumerate(addresses)
+            if (t, i) != (task.type, task.index) and t != "evaluator"}  # an evaluator serves nothing
+
+
+def unanswered(peers: dict, timeout: float = 1.0) -> dict:
+    """The peers (name -> address) that do not accept a TCP connection, each with why."""
+    silent = {}
+    for name, address in peers.items():
+        host, port = parse_address(address, "address")
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except socket.gaierror:
+            silent[name] = f"{address}: host name does not resolve"
+        except OSError as exc:
+            silent[name] = f"{address}: {exc.strerror or 'no answer'}"
+    return silent
+
+
+def wait_for_peers(peers: dict, interval: float = 0.1) -> None:
+    """Until every peer answers. Its caller is bounded by the launcher's cluster.startup_timeout, which
+    then names the peers that never answered."""
+    while unanswered(peers):
+        time.sleep(interval)
+
+
+def thread_caps(task_type: str, workers: int, per_worker: int | None = None, cores: int | None = None) -> dict:
+    """TensorFlow thread-pool sizes so the tasks share the cores: workers split them (or take
+    per_worker each), ps and chief tasks mostly wait. Never fewer than 2 inter-op threads: a worker
+    with one can deadlock."""
+    cores = cores or len(os.sched_getaffinity(0))
+    intra = 1
+    if task_type == "worker":
+        intra = per_worker or max(1, cores // max(1, workers))
+    return {"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(max(2, intra))}
+
+
+def worker_cores(index: int, per_worker: int, cores: list | None = None) -> set:
+    """The cores worker `index` is pinned to: its own `per_worker` of them, wrapping around if too few."""
+    cores = sorted(cores or os.sched_getaffinity(0))
+    return {cores[(index * per_worker + i) % len(cores)] for i in range(per_worker)}
+
+
+class CoreLocks:
+    """The cores a run's pinned workers may have to themselves: one lock file per core, so that runs
+    side by side (a sweep's parallel jobs) pin their workers to different cores. The operating system
+    drops the locks when the launcher exits, however it exits.
+
+    `cores` lists the cores taken (all of them, shared, when none is free); `shared` says why the
+    workers must share cores, or is empty."""
+
+    def __init__(self, wanted: int, cores=None, lock_dir: Path | None = None):
+        self.wanted, self.all = wanted, sorted(cores or os.sched_getaffinity(0))
+        self.lock_dir = lock_dir or Path(tempfile.gettempdir()) / "distrain-cores"
+        self.cores, self.shared, self._files = [], "", []
+
+    def __enter__(self):
+        if not self.wanted:
+            return self
+        self.lock_dir.mkdir(exist_ok=True)
+        for core in self.all:
+            if len(self.cores) == self.wanted:
+                break
+            f = open(self.lock_dir / f"cpu{core}.lock", "w")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another run's workers are pinned there
+                f.close()
+                continue
+            self._files.append(f)
+            self.cores.append(core)
+        if len(self.cores) < self.wanted:
+            free = len(self.cores)
+            self.cores = self.cores or self.all
+            self.shared = (f"{self.wanted} worker core(s) wanted, {free} of {len(self.all)} free of other runs' "
+                           f"pinned workers: the workers share cores {self.cores}")
+        return self
+
+    def __exit__(self, *exc):
+        for f in self._files:
+            f.close()  # closing drops the lock
+        self._files = []
+
+
+_NETWORKS: dict = {}  # PrivateNetwork.shared's, by whether isolation is on
+
+
+class PrivateNetwork:
+    """A network namespace of its own (loopback only) for a local cluster's tasks.
+
+    TensorFlow's gRPC servers listen on every interface whatever the spec says, and anyone who reaches
+    one can run code in it: inside the namespace, nothing outside this cluster can reach them.
+    `available` is False (and `reason` says why) where the platform does not allow it.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.available, self.reason, self._holder = enabled, False, "", None
+
+    @classmethod
+    def shared(cls, enabled: bool = True) -> "PrivateNetwork":
+        """This process's network for its local clusters, made for the first, kept for the next until the
+        process exits: the fork server its clusters' tasks come from lives in it (forkserver.shared)."""
+        net = _NETWORKS.get(enabled)
+        if net is None or (net._holder is not None and net._holder.poll() is not None):  # (a holder gone)
+            net = _NETWORKS[enabled] = cls(enabled).__enter__()
+            atexit.register(net.__exit__)
+        return net
+
+    def __enter__(self):
+        unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")
+        if not self.enabled:
+            self.reason = "turned off by cluster.isolate=false"
+            return self
+        if not (sys.platform.startswith("linux") and unshare and nsenter):
+            self.reason = "needs Linux with unshare and nsenter (util-linux)"
+            return self
+        self._user = os.geteuid() != 0  # without root, a user namespace grants the right to make one
+        argv = [unshare, "--net", *(["--user", "--map-root-user"] if self._user else []), "--",
+                sys.executable, "-m", "distrain.common.cluster", "hold-network"]
+        self._holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        line = self._holder.stdout.readline().strip()
+        if line == "ready":
+            self.available = True
+        else:
+            self.reason = (self._holder.stderr.read().strip().splitlines() or ["unshare failed"])[-1]
+            self._holder.kill()
+            self._holder.wait()
+        return self
+
+    def wrap(self, argv: list) -> list:
+        """The command that runs argv inside the namespace (argv itself when there is none)."""
+        if not self.available:
+            return argv
+        user = ["--user", "--preserve-credentials"] if self._user else []
+        return ["nsenter", "--target", str(self._holder.pid), "--net", *user, "--", *argv]
+
+    def __exit__(self, *exc):
+        if self._holder and self._holder.poll() is None:
+            self._holder.stdin.close()  # the holder exits when its stdin closes
+            try:
+                self._holder.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._holder.kill()
+                self._holder.wait()
+
+
+def _hold_network() -> None:
+    """Inside a new network namespace: bring loopback up, say ready, live until stdin closes."""
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH", fcntl.ioctl(s, siocgifflags, struct.pack("16sH", b"lo", 0)))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH", b"lo", flags | iff_up))
+    print("ready", flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["hold-network"]:
+    _hold_network()

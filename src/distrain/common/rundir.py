@@ -1,0 +1,165 @@
+"""A run's directory: where each file a run leaves lies, and the one place each is written and read.
+
+    config.yaml     the resolved config every task reads        (the launcher)
+    status.json     how the run ended                           (the launcher; a sweep marks killed jobs)
+    results.json    what the run measured                       (the chief; the launcher adds its restarts)
+    cluster.json    a local cluster's tasks                     (the launcher)
+    evaluation.json the evaluator task's evaluations            (the evaluator)
+    data.json       data in files: the files, their examples and classes (the launcher)
+    logs/           a log per task
+    checkpoints/    or trainer.checkpoint_dir                   (the chief)
+    saved_model/, tensorboard/
+
+No TensorFlow here: the launcher, the sweep's summary and the tasks all use it.
+"""
+import json
+from pathlib import Path
+
+import yaml
+
+from distrain.report import results as report
+from distrain.common import storage
+
+CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION, DATA = "config.yaml", "status.json", "results.json", "cluster.json", \
+    "evaluation.json", "data.json"
+
+
+def write_json(path: Path, content: dict) -> Path:
+    return storage.write_atomic(path, json.dumps(content, indent=2) + "\n")
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON file, or None where it is missing or unreadable (a run that never finished)."""
+    try:
+        content = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return content if isinstance(content, dict) else None
+
+
+class RunDir:
+    """The files of the run in `path`. cfg: the run's config, for where it keeps its checkpoints
+    (trainer.checkpoint_dir); without it, what the run's config.yaml says."""
+
+    def __init__(self, path, cfg=None):
+        self.path = Path(path)
+        self._cfg = cfg
+
+    def __truediv__(self, name) -> Path:
+        return self.path / name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    # -- where things lie
+    config = property(lambda self: self.path / CONFIG)
+    status = property(lambda self: self.path / STATUS)
+    results = property(lambda self: self.path / RESULTS)
+    cluster = property(lambda self: self.path / CLUSTER)
+    evaluation = property(lambda self: self.path / EVALUATION)
+    data = property(lambda self: self.path / DATA)  # data in files: what the launcher found (files.FileData)
+    logs = property(lambda self: self.path / "logs")  # a log per task, and the fork server's
+    saved_model = property(lambda self: self.path / "saved_model")
+    tensorboard = property(lambda self: self.path / "tensorboard")  # the HParams session; train/: the scalars
+
+    def log(self, name: str) -> Path:
+        """A task's log (train, worker-0, ...), or the fork server's."""
+        return self.logs / f"{name}.log"
+
+    def _trainer(self) -> dict:
+        if self._cfg is not None:
+            return self._cfg["trainer"]
+        return (self.read_config() or {}).get("trainer") or {}
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where the chief keeps the run's checkpoints: trainer.checkpoint_dir, else <run dir>/checkpoints."""
+        return Path(self._trainer().get("checkpoint_dir") or self.path / "checkpoints")
+
+    @property
+    def kept_checkpoints(self) -> Path | None:
+        """Where the run keeps its checkpoints, or None if it keeps none (trainer.save_model=false)."""
+        return self.checkpoints if self._trainer().get("save_model", True) else None
+
+    def has_checkpoint(self) -> bool:
+        return (self.checkpoints / "checkpoint").exists()  # CheckpointManager's index
+
+    def latest_checkpoint(self) -> str | None:
+        return storage.latest_checkpoint(self.checkpoints)
+
+    # -- the files, each written here alone
+    def write_config(self, text: str) -> Path:
+        return storage.write_atomic(self.config, text)
+
+    def read_config(self) -> dict | None:
+        """The run's config.yaml as plain values (no OmegaConf), or None where there is none."""
+        try:
+            content = yaml.safe_load(self.config.read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        return content if isinstance(content, dict) else None
+
+    def write_status(self, status: str, code: int | None, error: str = "", log_tail=(), job=None) -> None:
+        """How the run ended: ok, failed or interrupted, its exit status, and for a failure its error line
+        and the end of the failing task's log (what a sweep summary shows for a failed job). A full disk
+        is said, not raised."""
+        content = {"status": status, "exit_status": code, "error": error, "log_tail": list(log_tail)}
+        if job is not None:
+            content.update(job=job.num, swept=job.swept)
+        storage.record(write_json, self.status, content)
+
+    def read_status(self) -> dict:
+        return read_json(self.status) or {}
+
+    def ended(self) -> str | None:
+        """How the run ended, as its status.json says (ok, failed, interrupted; running if its launcher
+        was killed), or None if it recorded none."""
+        return self.read_status().get("status")
+
+    def mark_interrupted(self, why: str) -> bool:
+        """A run still "running" (its process killed before it could say how it ended) was interrupted,
+        and so was its cluster. Whether it was running."""
+        status = self.read_status()
+        if status.get("status") != "running":
+            return False
+        storage.record(write_json, self.status, {**status, "status": "interrupted", "exit_status": 130, "error": why})
+        cluster = read_json(self.cluster)
+        if cluster and cluster.get("status") in ("running", "restarting"):
+            self.write_cluster({**cluster, "status": "interrupted"})
+        return True
+
+    def write_results(self, results: dict) -> Path:
+        return write_json(self.results, results)
+
+    def read_results(self) -> dict | None:
+        return read_json(self.results)
+
+    def add_to_results(self, facts: dict) -> None:
+        """The launcher's facts (its restarts) added to the chief's results.json, if there is one."""
+        results = self.read_results()
+        if results is not None:
+            storage.record(write_json, self.results, {**results, **facts})
+
+    def write_cluster(self, state: dict) -> None:
+        storage.record(write_json, self.cluster, state)
+
+    def write_data(self, found: dict) -> Path:
+        return write_json(self.data, found)
+
+    def read_data(self) -> dict | None:
+        return read_json(self.data)
+
+    def write_evaluation(self, evaluations: dict) -> Path:
+        return write_json(self.evaluation, evaluations)
+
+    def earlier_run(self) -> str | None:
+        """The run here, in words ("ended ok at global step 744"), or None if none was started here."""
+        if not self.config.exists():
+            return None
+        status, results = self.ended(), self.read_results() or {}
+        how = {"ok": "ended ok", "failed": "failed", "interrupted": "was interrupted", "restarting": "was restarting"}
+        words = how.get(status, "was stopped before it recorded how it ended")
+        if status == "ok" and "global_steps" in results:
+            words += f" at global step {results['global_steps']}, {report.headline(results)}"
+        latest = self.latest_checkpoint()
+        return words + (f"; its latest checkpoint is {latest}" if latest and status != "ok" else "")

@@ -1,0 +1,324 @@
+"""Data in files, read without TensorFlow: TFRecord shards of tf.train.Example records (data=tfrecord)
+and folders of images in class subfolders (data=images). The launcher scans them before any task
+starts: the files there are, how many examples they hold (from the TFRecord record headers alone, no
+decoding), the classes, and one example's shape; bad files are one line naming them. What it finds
+is kept beside the run (data.json), so that the tasks, which stream the files (pipeline.py), read
+none of it again.
+"""
+import functools
+import glob
+import io
+import os
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from distrain.common.errors import ConfigError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")  # what tf.io.decode_image reads
+PNG, JPEG, GIF, BMP = b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM"
+
+
+@dataclass
+class FileData:
+    """What a run's data files hold, as the launcher found them (data.json)."""
+    kind: str  # tfrecord or images
+    train_files: list  # sorted; images: one file per example
+    test_files: list
+    train_examples: int
+    test_examples: int
+    num_classes: int
+    shape: list  # [H, W, C] after decoding (and resizing to data.image_size)
+    encoded: bool = True  # tfrecord: an encoded image (PNG, JPEG, ...), else raw uint8 pixels
+    train_labels: list = field(default_factory=list)  # images: the class index of each file
+    test_labels: list = field(default_factory=list)
+    class_names: list = field(default_factory=list)  # images: the class folders, in Keras's (sorted) order
+    how: str = ""  # how it was found, for the run's log line
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def not_one_class(counted: int, where: str) -> int:
+    """The classes counted from labels (one more than the largest), unless that is one: labels that are
+    all 0 make a model of one output, which no class-index loss can train."""
+    if counted == 1:
+        raise ConfigError(f"{where} are all 0: one class, and a classifier needs two or more: set "
+                          "data.num_classes=K (the classes there are), or check that the labels were read right")
+    return counted
+
+
+# ---- TFRecord files -------------------------------------------------------------------------------------
+
+def tfrecord_lengths(path: Path):
+    """The length of each record of a TFRecord file, from the record headers alone (each record is a
+    uint64 length, its CRC, the data, the data's CRC). A file that is not one, or is cut short, is a
+    ConfigError naming it."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        at = 0
+        while at < size:
+            header = f.read(12)
+            if len(header) < 12:
+                raise ConfigError(f"{path} is cut short (a record header at byte {at} of {size}): it is not a whole "
+                                  "TFRecord file; write it again")
+            length = struct.unpack("<Q", header[:8])[0]
+            if at + 16 + length > size:
+                raise ConfigError(f"{path} is not a TFRecord file, or is cut short (a record of {length} bytes at "
+                                  f"byte {at} of {size}): give files written by tf.io.TFRecordWriter")
+            yield length
+            at += 16 + length
+            f.seek(at)
+
+
+@functools.lru_cache(maxsize=4)
+def record_ends(paths: tuple) -> np.ndarray:
+    """Where each file's records end, counted over the files in order (the records of TFRecord files,
+    from their headers): counted once per process."""
+    return np.cumsum([sum(1 for _ in tfrecord_lengths(Path(p))) for p in paths], dtype=np.int64)
+
+
+def tfrecord_records(path: Path):
+    """Each record's bytes."""
+    with open(path, "rb") as f:
+        for length in tfrecord_lengths(path):
+            f.seek(12, 1)
+            yield f.read(length)
+            f.seek(4, 1)
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _fields(data: bytes):
+    """(field number, value) of a protocol buffer message: bytes for length-delimited fields, ints else."""
+    at = 0
+    while at < len(data):
+        tag, at = _varint(data, at)
+        number, kind = tag >> 3, tag & 7
+        if kind == 0:
+            value, at = _varint(data, at)
+        elif kind == 2:
+            length, at = _varint(data, at)
+            value, at = data[at:at + length], at + length
+        elif kind == 5:
+            value, at = data[at:at + 4], at + 4
+        elif kind == 1:
+            value, at = data[at:at + 8], at + 8
+        else:
+            raise ValueError(f"wire type {kind}")
+        yield number, value
+
+
+def parse_example(record: bytes) -> dict:
+    """A tf.train.Example's features: {key: ("bytes", [values]) | ("int64", [values]) | ("float", n)}."""
+    features = {}
+    for number, message in _fields(record):
+        if number != 1:
+            continue
+        for entry_number, entry in _fields(message):  # Features: map<string, Feature> feature = 1
+            if entry_number != 1:
+                continue
+            key, feature = "", b""
+            for n, value in _fields(entry):
+                key, feature = (value.decode(), feature) if n == 1 else (key, value if n == 2 else feature)
+            for kind, values in _fields(feature):
+                if kind == 1:  # BytesList
+                    features[key] = ("bytes", [v for n, v in _fields(values) if n == 1])
+                elif kind == 3:  # Int64List, packed or not
+                    ints = []
+                    for n, v in _fields(values):
+                        if isinstance(v, bytes):
+                            at = 0
+                            while at < len(v):
+                                x, at = _varint(v, at)
+                                ints.append(x - (1 << 64) if x >= 1 << 63 else x)
+                        else:
+                            ints.append(v - (1 << 64) if v >= 1 << 63 else v)
+                    features[key] = ("int64", ints)
+                elif kind == 2:
+                    features[key] = ("float", values)
+    return features
+
+
+def image_format(data: bytes) -> str | None:
+    for magic, name in ((PNG, "PNG"), (JPEG, "JPEG"), (GIF, "GIF"), (BMP, "BMP")):
+        if data.startswith(magic):
+            return name
+    return None
+
+
+def image_shape(data: bytes, where: str) -> list:
+    """[H, W, C] of an encoded image, from its header (Pillow); a ConfigError where it does not decode."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            bands = len(image.getbands())
+            return [image.height, image.width, 1 if bands == 1 or image.mode in ("L", "P", "1") else 3]
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise ConfigError(f"{where} does not decode as an image ({exc}): replace it, or drop it") from None
+
+
+def patterns(value) -> list:
+    """data.train_files or data.test_files as a list of glob patterns."""
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def match(value, key: str) -> list:
+    """The files the glob patterns match, sorted; a pattern that matches none is a ConfigError naming it."""
+    if not patterns(value):
+        raise ConfigError(f"data=tfrecord needs {key}: set e.g. {key}='data/train-*.tfrecord'")
+    found = []
+    for pattern in patterns(value):
+        hits = sorted(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+        if not hits:
+            raise ConfigError(f"{key}: no file matches {pattern} (from {os.getcwd()}): fix the pattern, or give an "
+                              "absolute path")
+        found += hits
+    return sorted(set(found))
+
+
+def scan_tfrecords(data) -> FileData:
+    started = time.perf_counter()
+    train, test = match(data.train_files, "data.train_files"), match(data.test_files, "data.test_files")
+    counts = {path: sum(1 for _ in tfrecord_lengths(Path(path))) for path in train + test}
+    empty = [p for p in train if not counts[p]]
+    if sum(counts[p] for p in train) == 0 or sum(counts[p] for p in test) == 0:
+        raise ConfigError(f"{'data.train_files' if empty or not sum(counts[p] for p in train) else 'data.test_files'} "
+                          "hold no record: give files that hold examples")
+    first_file = next(p for p in train if counts[p])
+    first = parse_example(next(tfrecord_records(Path(first_file))))
+    where = f"the first record of {first_file}"
+    for key, kind in ((data.image_key, "bytes"), (data.label_key, "int64")):
+        if key not in first or first[key][0] != kind:
+            has = ", ".join(f"{k} ({v[0]})" for k, v in sorted(first.items())) or "none"
+            setting = "data.image_key" if kind == "bytes" else "data.label_key"
+            raise ConfigError(f"{where} has no {kind} feature {key} (it has {has}): set {setting} to the key "
+                              "your records use")
+    image = first[data.image_key][1][0]
+    encoded = image_format(image) is not None
+    if encoded:
+        shape = image_shape(image, where)
+    else:  # raw uint8 pixels: their shape must be given
+        if not data.image_size or not data.channels:
+            raise ConfigError(f"{where}: {data.image_key} is not a PNG, JPEG, GIF or BMP image ({len(image)} bytes): "
+                              "for raw uint8 pixels set data.image_size=[H,W] and data.channels")
+        shape = [*data.image_size, data.channels]
+        if len(image) != shape[0] * shape[1] * shape[2]:
+            raise ConfigError(f"{where}: {data.image_key} holds {len(image)} raw bytes, not H x W x C = "
+                              f"{shape[0] * shape[1] * shape[2]} (data.image_size={list(data.image_size)}, "
+                              f"data.channels={data.channels}): fix those, or give encoded images")
+    if data.image_size:
+        shape[:2] = list(data.image_size)
+    if data.channels:
+        shape[2] = data.channels
+    how = (f"{len(train)} training file(s), {len(test)} test file(s); examples counted from the record headers "
+           f"without decoding")
+    classes = data.num_classes
+    if not classes:  # one stated pass over the labels
+        largest = max(parse_example(record)[data.label_key][1][0] for path in train + test
+                      for record in tfrecord_records(Path(path)))
+        classes = not_one_class(largest + 1, f"the labels ({data.label_key}) of every record")
+        how += f"; {classes} classes: one more than the largest label, read in one pass over every record " \
+               "(set data.num_classes to skip it)"
+    how += f" ({time.perf_counter() - started:.1f} s)"
+    return FileData("tfrecord", train, test, sum(counts[p] for p in train), sum(counts[p] for p in test), classes,
+                    shape, encoded, how=how)
+
+
+# ---- image folders --------------------------------------------------------------------------------------
+
+def _class_folders(split: Path) -> dict:
+    folders = sorted(p.name for p in split.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not folders:
+        raise ConfigError(f"{split} has no class folders: lay the images out as {split}/<class>/<image>.png")
+    found = {}
+    for name in folders:
+        files = sorted(str(p) for p in (split / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS
+                       and p.is_file())
+        if not files:
+            raise ConfigError(f"class folder {split / name} holds no image ({', '.join(IMAGE_EXTENSIONS)}): add its "
+                              "images, or remove the folder")
+        found[name] = files
+    return found
+
+
+def scan_images(data, seed: int) -> FileData:
+    started = time.perf_counter()
+    root = Path(data.path or "").expanduser().absolute()  # (absolute: tasks read these paths wherever they run)
+    if not data.path or not root.is_dir():
+        raise ConfigError(f"data.path={data.path} is not a directory: point it at a folder holding train/<class>/ "
+                          "(and test/<class>/) image folders")
+    if not (root / "train").is_dir():
+        raise ConfigError(f"{root} has no train/ folder: lay the images out as {root}/train/<class>/<image>.png")
+    train = _class_folders(root / "train")
+    names = list(train)
+    if (root / "test").is_dir():
+        test = _class_folders(root / "test")
+        if list(test) != names:
+            raise ConfigError(f"the class folders of {root / 'test'} ({', '.join(test)}) differ from those of "
+                              f"{root / 'train'} ({', '.join(names)}): give both the same classes")
+        split = lambda files: (sorted(files), [])  # noqa: E731
+    elif data.test_split:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+
+        def split(files):  # a seeded fraction of each class
+            order = rng.permutation(len(files))
+            held = max(1, round(len(files) * data.test_split))
+            return [files[i] for i in sorted(order[held:])], [files[i] for i in sorted(order[:held])]
+        test = None
+    else:
+        raise ConfigError(f"{root} has no test/ folder: add {root}/test/<class>/ images, or set "
+                          "data.test_split=0.2 to hold out a fraction of train/")
+    train_files, train_labels, test_files, test_labels = [], [], [], []
+    for index, name in enumerate(names):
+        kept, held = split(train[name])
+        train_files += kept
+        train_labels += [index] * len(kept)
+        held = test[name] if test is not None else held
+        test_files += held
+        test_labels += [index] * len(held)
+    if data.num_classes and data.num_classes < len(names):
+        raise ConfigError(f"{root} has {len(names)} class folders but data.num_classes={data.num_classes}: set "
+                          f"data.num_classes={len(names)}, or null")
+    first = Path(train_files[0])
+    shape = image_shape(first.read_bytes(), str(first))
+    if not data.image_size:  # every image must be alike: read the headers (no decoding)
+        for path in train_files + test_files:
+            with open(path, "rb") as f:  # the header alone
+                other = image_shape(f.read(65536), path)
+            if other[:2] != shape[:2]:
+                raise ConfigError(f"images differ in size ({first} is {shape[0]}x{shape[1]}, {path} is "
+                                  f"{other[0]}x{other[1]}): set data.image_size=[H,W] to resize them all")
+    else:
+        shape[:2] = list(data.image_size)
+    if data.channels:
+        shape[2] = data.channels
+    how = (f"{len(names)} class folders, {len(train_files)} training and {len(test_files)} test image(s)"
+           + ("" if test is not None else f" (data.test_split={data.test_split} of train/)")
+           + f" ({time.perf_counter() - started:.1f} s)")
+    return FileData("images", train_files, test_files, len(train_files), len(test_files),
+                    data.num_classes or len(names), shape, train_labels=train_labels, test_labels=test_labels,
+                    class_names=names, how=how)
+
+
+def scan(data, seed: int) -> FileData:
+    """The data files of data=tfrecord or data=images, checked."""
+    return scan_tfrecords(data) if data.source == "tfrecord" else scan_images(data, seed)
+
+
+def from_json(content: dict) -> FileData:
+    return FileData(**content)

@@ -1,0 +1,417 @@
+"""`distrain evaluate RUN_DIR [overrides]` and `distrain predict RUN_DIR [overrides] out=PATH`: a run's
+trained model on the run's test data, or on any data the overrides name, with the run's own loss,
+metrics, class names and input pipeline. The run's config.yaml says everything the overrides do not.
+
+They run in this process under a strategy of one process (default, one_device, mirrored,
+central_storage), or on a cluster of this machine (multi_worker_mirrored, parameter_server with
+cluster=local), which computes the outputs in parts (parts.py) while this process merges them. The data is the named data's test split, read each
+example once and in order: arrays by row, TFRecord shards by file (sorted) then record, an image folder's
+test images by path (sorted). evaluate writes evaluations/<name>.json in the run directory, never over the
+run's results nor an earlier evaluation; predict writes out=PATH whole or not at all."""
+import contextlib
+import csv
+import io
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from distrain.common import cpu, storage
+from distrain.inference import cluster_parts as parts
+from distrain.config import schema
+from distrain.common.errors import ConfigError, print_error
+from distrain.common.rundir import RunDir
+
+OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
+FORMATS = (".npz", ".csv", ".tfrecord")
+USAGE = {"evaluate": "distrain evaluate RUN_DIR [RUN_DIR ...] [-m] [--config-dir DIR] [overrides, e.g. data=...] "
+                     "[checkpoint=latest|PATH] [name=NAME] [part_size=N]",
+         "predict": "distrain predict RUN_DIR [RUN_DIR ...] [-m] [--config-dir DIR] [overrides, e.g. data=...] "
+                    "out=PATH.npz|.csv|.tfrecord [checkpoint=latest|PATH] [overwrite=true] [part_size=N]"}
+
+
+def main(command: str, argv: list, compose, help: bool = False, multirun: bool = False) -> int:
+    """The command: argv the run directories (one, or several: a sweep's, `multirun/DATE/TIME/*`), then
+    key=value arguments; compose(overrides) the config as a run's would be composed (--config-dir
+    included); help: print the usage; multirun (-m): a,b values of the overrides make a job each. Several
+    jobs end with a table of them."""
+    if help:
+        print("usage: " + USAGE[command])
+        return 0
+    runs = [Path(a) for a in itertools.takewhile(lambda a: "=" not in a, argv)]
+    rest = argv[len(runs):]
+    if not runs:
+        print_error(f"{command} needs a run directory first: {USAGE[command]}")
+        return 2
+    options = dict(a.split("=", 1) for a in rest if a.split("=", 1)[0] in OPTIONS)
+    overrides = [a for a in rest if a.split("=", 1)[0] not in OPTIONS]
+    try:
+        if command == "predict":  # (before any job: each would say it)
+            _out(options, exists_ok=True)
+        swept, varied = sweep_overrides(overrides) if multirun else ([overrides], [])
+        if len(runs) > 1:  # (a shell's glob of a sweep's directory names its files and tensorboard/ too)
+            passed = [run for run in runs if not RunDir(run).config.is_file()]
+            runs = [run for run in runs if run not in passed]
+            if passed:
+                print(f"passed over (no config.yaml: no run): {', '.join(map(str, passed))}", flush=True)
+            if not runs:
+                raise ConfigError(f"none of the {len(passed)} paths given holds a distrain run (a config.yaml): give "
+                                  "runs' directories, e.g. multirun/DATE/TIME/*")
+        jobs = [(run, job) for run in runs for job in swept]
+        if len(jobs) == 1:
+            return 0 if one(command, *jobs[0], options, compose) else 2
+    except ConfigError as exc:
+        print_error(str(exc))
+        return 2
+    return several(command, jobs, options, compose, varied)
+
+
+def one(command: str, run_dir: Path, overrides: list, options: dict, compose) -> dict:
+    """One evaluation or prediction: what it wrote ({} if it failed, saying why in one line)."""
+    try:
+        out = _out(options) if command == "predict" else None
+        cfg = settle(run_dir, compose, overrides)
+        from distrain.launcher.launch import environment
+        from distrain.data.write_tfrecords import tensorflow_lines_to
+
+        changed = _data_changed(overrides)
+        # The kernels the run trained with (trainer.onednn), in this process's TensorFlow (imported after
+        # this) and the cluster's tasks: a fork server this process kept from a run is used again.
+        with environment(cpu.onednn_env(cfg.trainer.onednn)), \
+                tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"), \
+                parts.Cluster(cfg, run_dir, command) if _clustered(cfg) else contextlib.nullcontext() as cluster:
+            if command == "evaluate":
+                return evaluate(cfg, run_dir, options, changed, cluster)
+            return predict(cfg, run_dir, options, out, changed, cluster)
+    except ConfigError as exc:
+        print_error(str(exc))
+        return {}
+
+
+def sweep_overrides(overrides: list) -> tuple[list[list], list]:
+    """(Each combination of the overrides' a,b values, as Hydra's basic sweeper makes its jobs; the keys
+    they vary.)"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = [list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.input_line] for o in parsed]
+    jobs = [[f"{o.get_key_element()}={v}" if o.is_sweep_override() else v for o, v in zip(parsed, values)]
+            for values in itertools.product(*choices)]
+    return jobs, [o.key_or_group for o in parsed if o.is_sweep_override()]
+
+
+def several(command: str, jobs: list, options: dict, compose, varied: list) -> int:
+    """Each job in turn (a failed one recorded, the others go on), then a table of them all; exit status 1
+    if any failed. predict's out=NAME.EXT becomes NAME-<job>.EXT for each."""
+    import tf_keras as keras
+
+    from distrain.report.sweep import split_override
+
+    rows = []
+    for n, (run, overrides) in enumerate(jobs):
+        values = {k: v for k, v in map(split_override, overrides) if k in varied}
+        print(f"[#{n}] {command} {run} {' '.join(overrides)}".rstrip(), flush=True)
+        mine = {**options, "out": _numbered(options["out"], n)} if "out" in options else options
+        try:
+            found = one(command, run, overrides, mine, compose)
+        except Exception as exc:  # noqa: BLE001 - one failed job is a recorded failure, not the end of the sweep
+            print_error(f"job #{n} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            found = {}
+        rows.append({"#": n, "run": str(run), **values, "status": "ok" if found else "failed", **found})
+        keras.backend.clear_session()
+    print(table(rows, varied), flush=True)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def _numbered(out: str, n: int) -> str:
+    path = Path(out)
+    return str(path.with_name(f"{path.stem}-{n}{path.suffix}"))
+
+
+def table(rows: list, varied: list) -> str:
+    """The jobs, a line each: their run, swept values and status, then what each wrote: evaluate's
+    examples and figures, predict's examples, seconds and file."""
+    hidden = ("data", "data_source", "weights", "strategy", "workers")
+    columns = ["#", "run", *varied, "status"]
+    columns += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in columns and k not in hidden]
+    cells = [[_cell(r.get(k)) for k in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in [columns, *cells])
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _out(options: dict, exists_ok: bool = False) -> Path:
+    """Where predict writes (checked; exists_ok: whether it may exist, not only with overwrite=true)."""
+    if "out" not in options:
+        raise ConfigError(f"predict needs out=PATH, where to write the predictions ({' or '.join(FORMATS)}): "
+                          f"{USAGE['predict']}")
+    out = Path(options["out"])
+    if out.suffix not in FORMATS:
+        raise ConfigError(f"out={out} is of no format predict writes: name a file ending in {' or '.join(FORMATS)}")
+    if out.exists() and not exists_ok and options.get("overwrite", "false").lower() != "true":
+        raise ConfigError(f"out={out} exists: name another file, or set overwrite=true")
+    if not out.parent.is_dir():  # (now, not once every output is computed)
+        raise ConfigError(f"out={out}: there is no directory {out.parent}: create it, or name a file in one that "
+                          "exists")
+    if why := storage.cannot_write_in(out.parent):
+        raise ConfigError(f"out={out}: {why}: name a file where you can write")
+    return out
+
+
+def _data_changed(overrides: list) -> bool:
+    from distrain.config.validate import _keys
+
+    return any(key.split(".")[0] == "data" for key in _keys(overrides))
+
+
+def settle(run_dir: Path, compose, overrides: list):
+    """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
+    a run would compose it), checked."""
+    from distrain.config.validate import _keys, validate
+    from distrain.task.context import Topology
+
+    saved_path = RunDir(run_dir).config
+    if not saved_path.is_file():
+        raise ConfigError(f"{run_dir} holds no distrain run (no config.yaml): give a run's directory, e.g. "
+                          "outputs/DATE/TIME")
+    merged = OmegaConf.load(saved_path)
+    asked = compose(overrides)
+    for key in _keys(overrides):
+        if not key.startswith("hydra"):
+            OmegaConf.update(merged, key, OmegaConf.select(asked, key), merge=False)
+    cfg = validate(merged)
+    topology = Topology.of(cfg)
+    if topology.clustered and not topology.local:
+        raise ConfigError(f"cluster={cfg.cluster.name}: evaluate and predict run a cluster on this machine only; set "
+                          "cluster=local (cluster.workers=N), or a strategy of one process")
+    return cfg
+
+
+def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, where=None):
+    """(The data, the model with the run's trained weights compiled with its loss and metrics, whether it
+    outputs probabilities, where the weights came from), under `strategy` (by default the config's, or
+    on a cluster this process's default: parts.py runs the cluster). where: the RunDir whose data.json
+    holds the data files found (by default the run's, for its own data)."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from distrain.data import arrays as data_lib
+    from distrain.task.context import RunContext, Topology
+    from distrain.task.input_data import load_data
+    from distrain.task.model import compile_model
+    from distrain.task.strategy import configure_devices, make_strategy
+    from distrain.task.training import build, set_precision
+
+    cfg.trainer.steps_per_epoch = 1  # (nothing trains: the training split's size need not fit the batch)
+    if strategy is None:
+        configure_devices(cfg.strategy)
+        strategy = tf.distribute.get_strategy() if Topology.of(cfg).clustered else make_strategy(cfg.strategy)
+    source, _ = data_lib.resolve_source(cfg.data)
+    cfg.data.source = source
+    # The run's data.json holds its own data files; other data is scanned here (a directory with none).
+    where = where or RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
+    policy = set_precision(cfg)
+    keras.utils.set_random_seed(cfg.trainer.seed)
+    data = load_data(cfg, RunContext.of(where, cfg).know_strategy(strategy))
+    check_fits(run_dir, data)
+    with strategy.scope():
+        model, optimizer, probabilities, _ = build(cfg, data, policy)
+    said = restore(model, run_dir, cfg, options.get("checkpoint"))
+    compile_model(model, optimizer, cfg, probabilities)
+    return data, model, probabilities, said
+
+
+def check_fits(run_dir: Path, data) -> None:
+    """The data's examples and classes against the trained model's (results.json's), both said."""
+
+    trained = RunDir(run_dir).read_results() or {}
+    if trained.get("input_shape") and list(trained["input_shape"]) != list(data.shape):
+        raise ConfigError(f"the data's examples are {tuple(data.shape)}, the model takes {tuple(trained['input_shape'])}: "
+                          "name data of the shape it was trained on (data.image_size, data.channels)")
+    if trained.get("num_classes") and trained["num_classes"] != data.classes:
+        raise ConfigError(f"the data has {data.classes} classes, the model {trained['num_classes']}: name data of the "
+                          "classes it was trained on (data.num_classes)")
+
+
+def restore(model, run_dir: Path, cfg, checkpoint: str | None) -> str:
+    """The run's trained weights into `model`: its SavedModel's (a finished run), else (or with
+    checkpoint=latest|PATH) a checkpoint's; what they were, in words."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+
+    saved = run_dir / "saved_model"
+    if checkpoint is None and saved.is_dir():
+        loaded = keras.models.load_model(str(saved), compile=False)
+        theirs = loaded.get_weights()
+        if [w.shape for w in theirs] == [w.shape for w in model.get_weights()]:
+            model.set_weights(theirs)
+            return f"the SavedModel {saved}"
+    directory = RunDir(run_dir, cfg).checkpoints
+    path = tf.train.latest_checkpoint(str(directory)) if checkpoint in (None, "latest") else checkpoint
+    if not path or not (Path(path + ".index").exists() or Path(path).with_suffix(".index").exists()):
+        raise ConfigError(f"{'checkpoint=' + checkpoint if checkpoint not in (None, 'latest') else directory} holds no "
+                          f"checkpoint: name one (checkpoint=PATH, e.g. {directory}/ckpt-N), or a run that saved its "
+                          "model (trainer.save_model=true)")
+    try:
+        tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as exc:
+        raise ConfigError(f"checkpoint {path} does not fit the model of the run's config ({str(exc).splitlines()[0][:200]}): "
+                          "name a checkpoint of this run") from None
+    return f"checkpoint {path}"
+
+
+def evaluate(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=None) -> int:
+    """The run's loss and metrics on the data's test split: one line, and evaluations/<name>.json. On a
+    cluster, the tasks compute the outputs (parts.py) and this process the figures from them, as Keras's
+    evaluate() computes them from its test_step's."""
+    from distrain.task.training import evaluate as keras_evaluate
+
+    data, model, _, said = load(cfg, run_dir, options, data_changed)
+    start = time.perf_counter()
+    if cluster:
+        found, _ = cluster.compute(data, options)
+        figures = score(model, found["outputs"], found["labels"], cfg.trainer.batch_size)
+    else:
+        figures = keras_evaluate(model, data.reader(cfg, training=False)(), data.test_steps(cfg.trainer.batch_size))
+    seconds = time.perf_counter() - start
+    name = options.get("name") or schema.label(cfg.data)
+    found = {"data": schema.label(cfg.data), "data_source": cfg.data.source, "examples": data.test_examples,
+             "weights": said, "strategy": cfg.strategy.name, **_workers(cfg), "seconds": round(seconds, 3),
+             **{k: float(np.mean(v)) for k, v in figures.items()}}
+    path = _free(run_dir / "evaluations", name)
+    storage.write_atomic(path, json.dumps(found, indent=2) + "\n")
+    shown = ", ".join(f"{k} {v:.2%}" if "accuracy" in k else f"{k} {v:.4f}" for k, v in figures.items()
+                      if np.ndim(v) == 0)
+    print(f"Evaluated on {data.test_examples:,} examples of {found['data']} ({said}{_on(cfg)}): {shown} | written to "
+          f"{path}", flush=True)
+    return found
+
+
+def score(model, outputs, labels, batch_size: int) -> dict:
+    """The model's compiled loss and metrics of these outputs and labels, batch by batch as evaluate()
+    takes them (its test_step: compute_loss, then compute_metrics)."""
+    import tensorflow as tf
+
+    model.reset_metrics()
+    figures = {}
+    for i in range(0, len(outputs), batch_size):
+        y, y_pred = tf.constant(labels[i:i + batch_size]), tf.constant(outputs[i:i + batch_size])
+        model.compute_loss(y=y, y_pred=y_pred)
+        figures = model.compute_metrics(None, y, y_pred, None)
+    return {k: np.asarray(v) for k, v in figures.items()}
+
+
+def _clustered(cfg) -> bool:
+    from distrain.task.context import Topology
+
+    return Topology.of(cfg).clustered
+
+
+def _workers(cfg) -> dict:
+    return {"workers": cfg.cluster.workers} if _clustered(cfg) else {}
+
+
+def _on(cfg) -> str:
+    """Where the examples were computed, where not in this process."""
+    return f"; {cfg.cluster.workers} workers, {cfg.strategy.name}" if _clustered(cfg) else ""
+
+
+def _free(directory: Path, name: str) -> Path:
+    """directory/<name>.json, or <name>-2.json, ...: never an earlier evaluation's file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path, n = directory / f"{name}.json", 2
+    while path.exists():
+        path, n = directory / f"{name}-{n}.json", n + 1
+    return path
+
+
+def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool, cluster=None) -> int:
+    """The model's outputs for every example of the data's test split, in order, into out (.npz: the
+    outputs as predict() gives them, and each example's index; .csv: a row per example; .tfrecord: an
+    Example per input, its index, source and outputs)."""
+    import tensorflow as tf
+
+    data, model, probabilities, said = load(cfg, run_dir, options, data_changed)
+    start = time.perf_counter()
+    if cluster:
+        outputs = cluster.compute(data, options)[0]["outputs"]
+    else:
+        images = data.reader(cfg, training=False)().map(lambda x, y: x)
+        outputs = model.predict(images, steps=data.test_steps(cfg.trainer.batch_size),
+                                verbose=1 if sys.stdout.isatty() else 0)  # (a progress bar)
+    seconds = time.perf_counter() - start
+    outputs = np.asarray(outputs, np.float32)
+    if len(outputs) != data.test_examples:  # (each example once: the reader's promise, checked)
+        raise ConfigError(f"predict gave {len(outputs)} outputs for {data.test_examples} examples: report this")
+    index = np.arange(len(outputs))
+    if out.suffix == ".npz":
+        buffer = io.BytesIO()
+        np.savez(buffer, predictions=outputs, index=index)
+        storage.write_atomic(out, buffer.getvalue())
+    elif out.suffix == ".tfrecord":
+        _tfrecord(out, index, sources(data), outputs)
+    else:
+        classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
+        shown = outputs if probabilities or not classes else tf.nn.softmax(outputs).numpy()
+        storage.write_atomic(out, _csv(index, sources(data), shown, classes, data.class_names))
+    print(f"Predicted {len(outputs):,} examples of {schema.label(cfg.data)} ({said}{_on(cfg)}) in {seconds:.1f} s, "
+          f"{len(outputs) / max(seconds, 1e-9):,.0f} examples/s: written to {out}", flush=True)
+    return {"examples": len(outputs), "seconds": round(seconds, 3), "out": str(out)}
+
+
+def sources(data) -> list:
+    """Where each test example came from: an image's path, a TFRecord file and record, or an array's row."""
+    found = getattr(data, "found", None)
+    if found is None:
+        return [f"row {i}" for i in range(data.test_examples)]
+    if found.kind == "images":
+        return list(found.test_files)
+    from distrain.data.files import record_ends
+
+    ends = record_ends(tuple(found.test_files))
+    return [f"{path}#{i}" for path, n in zip(found.test_files, np.diff(ends, prepend=0)) for i in range(n)]
+
+
+def _tfrecord(out: Path, index, where: list, outputs) -> None:
+    """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
+    temporary name and renamed (no half file under `out`)."""
+    import tensorflow as tf
+
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    try:
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            for i, w, row in zip(index, where, outputs.reshape(len(outputs), -1)):
+                writer.write(tf.train.Example(features=tf.train.Features(feature={
+                    "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
+                    "source": tf.train.Feature(bytes_list=tf.train.BytesList(value=[w.encode()])),
+                    "outputs": tf.train.Feature(float_list=tf.train.FloatList(value=row))})).SerializeToString())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _csv(index, where: list, outputs, classes: bool, names) -> str:
+    text = io.StringIO()
+    writer = csv.writer(text)
+    if classes:
+        names = list(names or range(outputs.shape[1]))
+        writer.writerow(["index", "source", "class", *(f"p_{n}" for n in names)])
+        for i, w, row in zip(index, where, outputs):
+            writer.writerow([i, w, names[int(np.argmax(row))], *(f"{p:.6g}" for p in row)])
+    else:
+        flat = outputs.reshape(len(outputs), -1)
+        writer.writerow(["index", "source", *(f"output_{j}" for j in range(flat.shape[1]))])
+        for i, w, row in zip(index, where, flat):
+            writer.writerow([i, w, *(f"{v:.6g}" for v in row)])
+    return text.getvalue()

@@ -1,0 +1,107 @@
+"""What a task trains on: the data loaded once, as arrays in memory (Arrays) or files streamed (Files),
+one interface for both: its shape and classes, the global steps of an epoch, a sample for the model's
+checks, and the readers (pipeline.py) of its training, validation and test splits."""
+from typing import NamedTuple
+
+import numpy as np
+
+from distrain.data import arrays as data_lib
+from distrain.data import files
+from distrain.config import schema
+from distrain.config.validate import check_batch_divides
+from distrain.task.context import RunContext
+from distrain.common.errors import ConfigError
+from distrain.data.files import FileData
+from distrain.task.metrics import check_labels
+from distrain.task.input_pipeline import InputReader, array_reader, file_reader
+
+
+class Arrays(NamedTuple):
+    """The training and test arrays (data.load), their class count, and the global steps of an epoch."""
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: int
+    steps: int  # global steps an epoch
+    labels: str  # what the labels are (schema.LABELS)
+    x_val: np.ndarray | None = None  # data.validation_split's, held out of the training arrays
+    y_val: np.ndarray | None = None
+
+    shape = property(lambda self: self.x_train.shape[1:])
+    train_examples = property(lambda self: len(self.y_train))
+    test_examples = property(lambda self: len(self.y_test))
+    sample = property(lambda self: self.x_train[:2])  # what check_model runs the model on
+    sample_labels = property(lambda self: self.y_train[:2])
+    class_names = None
+    streamed = False  # in memory: a parameter-server worker is sent them, or reads them from IDX files
+
+    def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
+        """The reader of the training split, else of the test split, or of the validation split where
+        data.validation_split held one out."""
+        if training:
+            x, y = self.x_train, self.y_train
+        elif validation and self.y_val is not None:
+            x, y = self.x_val, self.y_val
+        else:
+            x, y = self.x_test, self.y_test
+        return array_reader(x, y, cfg, training=training, **kwargs)
+
+    def test_steps(self, batch_size: int) -> None:
+        """(Keras's evaluate counts the batches of arrays itself.)"""
+        return None
+
+
+class Files(NamedTuple):
+    """Data in files (files.FileData), streamed, with the global steps of an epoch and two decoded images."""
+    found: FileData
+    steps: int
+    sample: np.ndarray
+
+    shape = property(lambda self: tuple(self.found.shape))
+    classes = property(lambda self: self.found.num_classes)
+    train_examples = property(lambda self: self.found.train_examples)
+    test_examples = property(lambda self: self.found.test_examples)
+    class_names = property(lambda self: self.found.class_names)
+    sample_labels = property(lambda self: np.zeros(len(self.sample), np.int32))  # (class labels)
+    labels = "classes"
+    streamed = True  # every task reads the files itself
+
+    def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
+        """The reader of the training split, else of the test split (validation reads the test files)."""
+        return file_reader(self.found, cfg, training=training, **kwargs)
+
+    def test_steps(self, batch_size: int) -> int:
+        """Batches of the test split, for Keras's evaluate, which cannot count a stream's."""
+        return -(-self.test_examples // batch_size)
+
+
+def load_data(cfg, context: RunContext) -> Arrays | Files:
+    """The training and test arrays, or what the data files hold (as the launcher found them, in the
+    run's data.json, else scanned here), checked against the batch and the replicas."""
+    t = cfg.trainer
+    if context.topology.synchronous:  # (parameter servers: a batch per worker's step)
+        check_batch_divides(t.batch_size, context.replicas)
+    if cfg.data.source in schema.FILE_SOURCES:
+        content = context.run.read_data()
+        found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
+        return Files(found, _steps(t, found.train_examples), file_reader(found, cfg).source.sample())
+    reads = schema.labels_read(cfg.loss, cfg.data)
+    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, reads)
+    labels = reads or data_lib.labels_of(y_train)
+    check_labels(cfg.loss, y_train)
+    classes = data_lib.num_classes(cfg.data, (y_train, y_test), labels == "classes")
+    x_val = y_val = None
+    if cfg.data.get("validation_split"):  # the last examples, as fit(validation_split) holds them out
+        cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
+        (x_train, x_val), (y_train, y_val) = np.split(x_train, [cut]), np.split(y_train, [cut])
+    return Arrays(x_train, y_train, x_test, y_test, classes, _steps(t, len(y_train)), labels, x_val, y_val)
+
+
+def _steps(t, examples: int) -> int:
+    """The global steps of an epoch: trainer.steps_per_epoch, else one pass over the training examples."""
+    steps = t.get("steps_per_epoch") or examples // t.batch_size
+    if steps == 0:
+        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {examples} training "
+                          f"examples: set trainer.batch_size={examples} or less, or trainer.steps_per_epoch")
+    return steps

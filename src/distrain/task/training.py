@@ -1,0 +1,391 @@
+"""The training loop, as wiring: strategy, data, model, runner, the epochs, evaluation, saved artefacts.
+The pieces live in their own modules: inputs.py (the data a task trains on, and its readers),
+runners.py (the steps and how they are called), checkpoints.py, model.py, report.py."""
+import shutil
+import tempfile
+import time
+from pathlib import Path
+import tensorflow as tf
+import tf_keras as keras
+
+from distrain.common import cpu, storage
+from distrain.report import results as report
+from distrain.config import schema
+from distrain.data import arrays as data_lib
+from distrain.task.checkpoints import Checkpoints, Progress, resume, segments
+from distrain.config.validate import instantiate_as
+from distrain.task.context import RunContext
+from distrain.common.errors import ConfigError, Diverged
+from distrain.task.input_data import Arrays, Files, load_data
+from distrain.task.metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, pick_accuracy
+from distrain.task.model import build_model, check_model, compile_model, rebuilt_from_config
+from distrain.task.optimizer import make_optimizer, plain_keras
+from distrain.task.worker_idx import train_file_hashes
+from distrain.common.lifetime import Preempted, Preemption, scratch
+from distrain.task.profiling import Profile
+from distrain.common.rundir import RunDir
+from distrain.task.runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps, whole_weights
+from distrain.task.strategy import configure_devices, gpu_capabilities, gpu_peak_mib, make_strategy, precision_policy
+from distrain.report.timesplit import probe_seconds, read_alone
+
+
+def set_precision(cfg, announce: bool = False) -> str:
+    """Sets Keras's dtype policy for trainer.mixed_precision on this machine's devices and returns it;
+    `announce` says which and why, and on a CPU what trainer.jit_compile costs."""
+    t = cfg.trainer
+    policy, why = precision_policy(t.mixed_precision, sharded=bool(cfg.strategy.get("variable_partitioner")))
+    keras.mixed_precision.set_global_policy(policy)
+    if announce:
+        print(f"precision: {policy} ({why})", flush=True)
+        print(cpu.onednn_line(), flush=True)
+    if announce and t.jit_compile and not gpu_capabilities():
+        print("warning: trainer.jit_compile=true on a CPU: XLA's CPU kernels run this model several times slower "
+              "than TensorFlow's own (oneDNN), under plain Keras too (benchmarks/run.py measures it); XLA is for "
+              "GPUs", flush=True)
+    return policy
+
+
+def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
+    """Train as the config says; returns (results dict, model). The chief saves into run_dir. context:
+    this task's place in the run, as task.main builds it; None: this process alone.
+
+    One loop for every strategy: an epoch is a series of calls to a tf.function of a few training steps,
+    which synchronous strategies call in every worker alike (gradients all-reduced inside the step), and
+    a parameter-server coordinator schedules on whichever worker is free. The runner is what differs."""
+    if strategy is None:
+        configure_devices(cfg.strategy)
+        strategy = make_strategy(cfg.strategy)
+    context = context or RunContext.of(RunDir(run_dir, cfg), cfg).know_strategy(strategy)
+    t, chief, run = cfg.trainer, context.chief, context.run
+    policy = set_precision(cfg, announce=bool(t.verbose) and chief)
+    keras.utils.set_random_seed(t.seed)
+    data = load_data(cfg, context)
+    with strategy.scope():
+        model, optimizer, probabilities, line = build(cfg, data, policy)
+    if t.verbose and chief:
+        print(line, flush=True)
+    # Every worker of a synchronous cluster must checkpoint (saving reads replicated variables together),
+    # but only the chief's checkpoints are kept.
+    out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
+    saves = Checkpoints(model, optimizer, out.checkpoints, t.keep_checkpoints) if t.save_model else None
+    progress = resume(saves or Checkpoints(model, optimizer, out.path), run.checkpoints, data.steps, t.epochs) \
+        if t.resume else Progress()  # every task reads the chief's checkpoints
+    where = run.tensorboard / (context.task.name if context.task else "train")
+    workers = context.cluster.get("worker", []) if context.topology.parameter_servers else []
+    profile = Profile(t.get("profile"), where, t.epochs * data.steps, workers)  # (checked before anything trains)
+    runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, progress)
+    KEPT.append(runner)  # (never deleted: runners.KEPT)
+    callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
+    compiled = bool(t.validate_every or cfg.get("callbacks"))
+    if compiled:  # evaluate() during training, and callbacks' model.optimizer
+        compile_model(model, optimizer, cfg, probabilities)
+    rebuild = lambda: build(cfg, data, policy)[:2]  # noqa: E731 - a local model and optimizer (parameter servers)
+    validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
+    run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
+               validate, callbacks, profile)
+    # What the input pipeline delivers alone, read for a moment (1% of the training time) on the chief
+    timed = chief and t.time_split
+    rate, cpu = read_alone(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else (None, None)
+    trained, optimizer = runner.finish(model, rebuild)
+    if trained is not model or not compiled:  # (else compiled so already: its test function traced once)
+        compile_model(trained, optimizer, cfg, probabilities)  # for evaluate()
+    model = trained
+    test = evaluate(model, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
+    saved = runner.to_save(model, optimizer, rebuild, chief) if t.save_model else None
+    if saved:
+        compile_model(*saved, cfg, probabilities, plain=True)  # loads without distrain, and trains on
+        save_model(saved[0], run.saved_model, data.class_names, include_optimizer=plain_keras(saved[1]))
+    if not chief:
+        shutil.rmtree(out.path, ignore_errors=True)
+    facts = runner.describe(t.batch_size) | about(model, probabilities, policy) | {"input_examples_per_sec": rate,
+                                                                                 "input_cpu_per_example": cpu}
+    return report.results(cfg, data, progress, test, facts), model
+
+
+def build(cfg, data: Arrays, policy: str) -> tuple:
+    """(model, optimizer, whether the model outputs probabilities, lines saying the metrics picked, the
+    optimizer and its learning rate), built in the current strategy's scope. The metrics' `auto`
+    accuracy is settled in cfg.metrics here, where the labels and the outputs are known. (The loss is
+    checked against the outputs where the training step is made: make_runner.)"""
+    model = build_model(cfg.model, data.shape, data.classes)
+    # (The forward pass builds a subclassed model's variables.)
+    probabilities = check_model(model, data.sample, data.classes, data.labels == "classes")
+    cfg.metrics, picked = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)
+    optimizer, line = make_optimizer(cfg, data.steps, policy)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer, probabilities, "\n".join(filter(None, [picked, line]))
+
+
+def about(model, probabilities: bool, policy: str) -> dict:
+    """The model's size and outputs, and what it computed with (results.json)."""
+    return {"model_params": model.count_params(), "model_outputs": "probabilities" if probabilities else "logits",
+            "precision_policy": policy, "onednn": cpu.onednn_on(), "tensorflow_version": tf.__version__,
+            **({"gpu_peak_mib": gpus} if (gpus := gpu_peak_mib()) else {})}  # (the chief's own GPUs)
+
+
+def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimizer, probabilities: bool,
+                progress: Progress):
+    """The epochs' runner for this strategy: AsyncEpochs (parameter servers) or SyncEpochs (the others),
+    with the loss (from probabilities where the model ends with a softmax) and the metrics they sum."""
+    t = cfg.trainer
+    loss = make_loss(cfg.loss, probabilities)
+    outputs = model(data.sample, training=False)
+    if t.verbose and context.chief and data.labels != "classes" and outputs.dtype.size < 4:
+        print(f"warning: model {model.name} outputs {outputs.dtype.name} "
+              f"({keras.mixed_precision.global_policy().name}), and Keras's evaluate rounds float labels to the "
+              "outputs' type: give its last layer dtype='float32' (as Keras's mixed-precision guide says), or set "
+              "trainer.mixed_precision=false", flush=True)
+    outputs = tf.cast(outputs, tf.float32)
+    guessed = "" if schema.labels_read(cfg.loss, cfg.data) else data.labels
+    check_loss(loss, data.sample_labels, outputs, schema.label(cfg.loss), guessed)
+    check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
+    tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally, t.time_split)
+    topology = context.topology
+    if topology.parameter_servers:
+        runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
+                             tally, data.steps, t.steps_per_execution, topology.workers, topology.ps)
+    else:
+        # Resumed, the data goes on from the batch after the last one trained: the batches an
+        # uninterrupted run would have seen.
+        train = data.reader(cfg, skip=progress.epoch * data.steps + progress.step)
+        said = train.sharding_line(topology.workers) if topology.workers > 1 and context.chief else ""
+        if said:
+            print(said, flush=True)
+        runner = SyncEpochs(strategy, train_steps, strategy.distribute_datasets_from_function(train), optimizer,
+                            tally, t.steps_per_execution, progress=t.verbose == 1, workers=topology.workers)
+    if t.verbose:
+        print(f"{data.steps} steps per epoch, up to {runner.per_call} per tf.function call", flush=True)
+    return runner
+
+
+def per_worker_dataset(strategy, context: RunContext, data: Arrays | Files, cfg):
+    """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated,
+    from files where the data is in files (on a local cluster, other data is written to files once)."""
+    if data.streamed:  # each worker streams its own files, on its own machine
+        train = data.reader(cfg, topology=context.topology)
+        print(train.sharding_line(context.topology.workers), flush=True)
+        return lambda: strategy.distribute_datasets_from_function(train)
+    source = cfg.data
+    if source.source != "idx" and context.topology.local:
+        source = data_lib.TemporaryIdx(data.x_train, data.y_train)  # a local cluster: its workers read the same disk
+    train = data.reader(cfg, topology=context.topology, files=source,
+                   expect=train_file_hashes(source))  # of the coordinator's copy, for the workers'
+    return lambda: strategy.distribute_datasets_from_function(train)
+
+
+def save_model(model, path: Path, class_names=None, include_optimizer: bool = True) -> None:
+    """The trained model as a SavedModel, with class_names.txt beside it where the data names its classes
+    (an image folder's), one per line in the order of the outputs. One that cannot be saved so (some
+    subclassed models) is a warning: the run's training is done, and its checkpoints hold the weights.
+    include_optimizer: false where the optimizer needs distrain to load (a warm-up or scaled rate).
+    A model plain Keras rebuilds from its config is saved without a traced function per layer (0.2 s
+    of CPU less, measured), with the serving signature Keras would give it."""
+    try:
+        if rebuilt_from_config(model):
+            from tf_keras.src.saving.legacy.saved_model.save_impl import default_save_signature
+
+            model.save(str(path), include_optimizer=include_optimizer, save_traces=False,
+                       signatures=default_save_signature(model))
+        else:
+            model.save(str(path), include_optimizer=include_optimizer)
+        if class_names:
+            storage.write_atomic(path / "class_names.txt", "\n".join(class_names) + "\n")
+    except Exception as exc:  # noqa: BLE001 - whatever Keras cannot serialise
+        print(f"warning: the model could not be saved as a SavedModel in {path} ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); its checkpoints hold the trained weights",
+              flush=True)
+
+
+def make_callbacks(cfg, model, steps: int, announce: bool) -> keras.callbacks.CallbackList:
+    """The config's callbacks node as Keras's CallbackList, set to the model, each callback Watched;
+    per-batch hooks, which the training loop does not call, are said in one line each."""
+    watched = []
+    for name, entry in (cfg.get("callbacks") or {}).items():
+        callback = instantiate_as(f"callbacks.{name}._target_", entry, keras.callbacks.Callback, "it must name a "
+                                  "tf_keras callback class taking the entry's other keys", "a tf_keras callback: name "
+                                  "a tf_keras.callbacks class (import tf_keras, not keras 3)")
+        if announce and _batch_hooks(callback):
+            print(f"warning: callbacks.{name} ({type(callback).__name__}) has per-batch hooks, which distrain does not "
+                  "call: it runs at epoch ends only", flush=True)
+        watched.append(Watched(str(name), callback))
+    return keras.callbacks.CallbackList(watched, model=model, epochs=cfg.trainer.epochs, steps=steps,
+                                        verbose=cfg.trainer.verbose)
+
+
+class Watched(keras.callbacks.Callback):
+    """A callback of the config as the epoch loop calls it: at the epochs whose logs hold what it
+    monitors (one watching validation acts at the epochs that validate); `stopped` says why, where it
+    set model.stop_training."""
+
+    def __init__(self, name: str, callback):
+        super().__init__()
+        self.name, self.callback, self.stopped = name, callback, ""
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def on_train_begin(self, logs=None):
+        self.callback.on_train_begin(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        monitor = str(getattr(self.callback, "monitor", ""))
+        if monitor.startswith("val_") and monitor not in logs:
+            return
+        going = not self.model.stop_training
+        self.callback.on_epoch_end(epoch, dict(logs))
+        if going and self.model.stop_training:
+            self.stopped = f"callbacks.{self.name} ({type(self.callback).__name__}) stopped training after " \
+                f"epoch {epoch + 1}"
+
+    def on_train_end(self, logs=None):
+        self.callback.on_train_end(logs)
+
+
+def _batch_hooks(callback) -> bool:
+    """Whether a callback overrides Keras's per-batch training hooks (the loop calls epoch hooks only)."""
+    base = keras.callbacks.Callback
+    return any(getattr(type(callback), hook) is not getattr(base, hook)
+               for hook in ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"))
+
+
+def evaluate(model, dataset, steps) -> dict:
+    """Keras's evaluate(): {loss, each metric}. A loss or metric that fails there (only evaluate traces
+    it with Keras's casts and cross-replica reads) is one line, not a traceback and a restart."""
+    try:
+        return model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+    except (ValueError, TypeError, NotImplementedError) as exc:  # (a peer lost is a tf.errors.OpError)
+        said = ([line.strip() for line in str(exc).splitlines() if line.strip()] or [""])[-1][:300]
+        said = said if said.startswith(type(exc).__name__) else f"{type(exc).__name__}: {said}"
+        raise ConfigError(f"evaluating the model with the config's loss and metrics failed ({said}): check that "
+                          "loss and metrics fit the model's outputs and labels, or remove the metric that fails "
+                          "(~metrics.NAME); under mixed precision try trainer.mixed_precision=false") from None
+
+
+def make_validate(cfg, data, model, topology, rebuild, probabilities: bool):
+    """A function giving the test data's {loss, each metric} with the weights trained so far, for
+    trainer.validate_every; None without. Parameter servers: on a copy here (the model lives on the
+    ps tasks); else every worker evaluates its share, as Keras's evaluate() does."""
+    if not cfg.trainer.validate_every:
+        return None
+    test = data.reader(cfg, training=False, validation=True)()
+    steps = data.test_steps(cfg.trainer.batch_size)
+    if topology.synchronous:
+        return lambda: evaluate(model, test, steps)
+    local, optimizer = rebuild()
+    compile_model(local, optimizer, cfg, probabilities)
+
+    def on_a_copy():
+        local.set_weights(whole_weights(model))
+        return evaluate(local, test, steps)
+    return on_a_copy
+
+
+def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path | None, validate=None,
+               callbacks: keras.callbacks.CallbackList | None = None, profile: Profile | None = None) -> None:
+    """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
+    every epoch end and every t.checkpoint_every_steps global steps; TensorBoard logs in log_dir
+    (train/, and validation/ for validate()'s). validate(): every t.validate_every epochs and after the
+    last. callbacks (make_callbacks): called at each epoch's end with its logs (every worker of a
+    synchronous cluster has the same), before its checkpoint; one that sets model.stop_training ends
+    the training there."""
+    history, callbacks = progress.history, callbacks or keras.callbacks.CallbackList([])
+    profile = profile or Profile(None, Path(), 0)
+    board = Scalars(log_dir, validate is not None) if log_dir else None
+    if callbacks.model is not None:
+        callbacks.model.stop_training = False
+    callbacks.on_train_begin()
+    for epoch in range(progress.epoch, t.epochs):
+        if runner.progress:
+            print(f"Epoch {epoch + 1}/{t.epochs}", flush=True)
+        train_epoch(runner, progress, t, steps, epoch, saves, profile)
+        totals, split = runner.end(progress.epoch_seconds[-1])
+        split = split if t.time_split else {}
+        logs = dict(runner.tally.values(totals))
+        if validate and ((epoch + 1) % t.validate_every == 0 or epoch + 1 == t.epochs):
+            logs |= {f"val_{name}": value for name, value in validate().items()}
+        for name, value in logs.items():
+            history.setdefault(name, []).append(value)
+        for part, share in split.items():  # (not in the callbacks' logs: no metric of the model)
+            history.setdefault(f"time_{part}", []).append(share)
+        runner.show(logs)
+        progress.epoch, progress.step, progress.totals, progress.seconds = epoch + 1, 0, [0.0] * len(totals), 0.0
+        if t.verbose and not runner.progress:
+            values = " - ".join(f"{name}: {value:.4f}" for name, value in logs.items())
+            print(f"Epoch {epoch + 1}/{t.epochs} - {runner.epoch_line(steps)} - {progress.epoch_seconds[-1]:.1f}s - "
+                  f"{values}", flush=True)
+        callbacks.on_epoch_end(epoch, logs)  # (before the checkpoint: a learning rate it changes is kept)
+        progress.stopped_early = progress.stopped_early or next((c.stopped for c in callbacks if c.stopped), "")
+        if saves:
+            saves.save(progress, (epoch + 1) * steps)
+        if Preemption.requested and epoch + 1 < t.epochs:
+            raise Preempted((epoch + 1) * steps)
+        if board:
+            board.write(epoch, logs, {"epoch_examples_per_sec": steps * t.batch_size / progress.epoch_seconds[-1]}
+                        | {f"epoch_time_{part}": share for part, share in split.items()} | runner.scalars())
+        if progress.stopped_early:
+            if t.verbose:
+                print(progress.stopped_early, flush=True)
+            break
+    callbacks.on_train_end()
+    if board:
+        board.close()
+
+
+def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves, profile: Profile) -> None:
+    """The steps of one epoch from progress.step on, checkpointing within it where due (or preempted),
+    tracing the steps of trainer.profile."""
+    def diverged(step: int):  # before any checkpoint of the diverged weights
+        raise Diverged(f"the training loss became NaN or infinite in epoch {epoch + 1}, step {step} (global step "
+                       f"{epoch * steps + step}): lower trainer.learning_rate (now {t.learning_rate}), or with "
+                       "trainer.mixed_precision use float32; the checkpoints written before it are kept")
+
+    start, cpu, every = time.perf_counter(), time.process_time(), t.checkpoint_every_steps
+    runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
+    runner.step_base = epoch * steps  # (its position: the global step)
+    for calls in segments(progress.step, steps, runner.per_call, every, epoch * steps, profile.marks):
+        profile.before(epoch * steps + progress.step)
+        progress.step += runner.run(calls, on_nan=diverged if t.stop_on_nan else None, stop=Preemption.due)
+        profile.after(epoch * steps + progress.step)
+        due = every and (epoch * steps + progress.step) % every == 0
+        if saves and progress.step < steps and (due or Preemption.requested):  # a checkpoint within the epoch
+            progress.totals = runner.totals()
+            progress.seconds += time.perf_counter() - start
+            start = time.perf_counter()
+            saves.save(progress, epoch * steps + progress.step)
+        if Preemption.requested and progress.step < steps:
+            raise Preempted(epoch * steps + progress.step, mid_epoch=True)
+    progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
+    progress.epoch_cpu_seconds.append(time.process_time() - cpu)
+
+
+class Scalars:
+    """TensorBoard's per-epoch scalars, named as Keras's TensorBoard callback names them: train/ (and
+    validation/ where the run validates)."""
+
+    def __init__(self, log_dir: Path, validates: bool):
+        self.train = tf.summary.create_file_writer(str(log_dir / "train"))
+        self.validation = tf.summary.create_file_writer(str(log_dir / "validation")) if validates else None
+
+    def write(self, epoch: int, logs: dict, more: dict) -> None:
+        with self.train.as_default(step=epoch):
+            for name, value in logs.items():
+                if not name.startswith("val_"):
+                    tf.summary.scalar(f"epoch_{name}", value)
+            for name, value in more.items():
+                tf.summary.scalar(name, value)
+        if self.validation and any(name.startswith("val_") for name in logs):
+            with self.validation.as_default(step=epoch):
+                for name, value in logs.items():
+                    if name.startswith("val_"):
+                        tf.summary.scalar(f"epoch_{name[4:]}", value)
+
+    def close(self) -> None:
+        for writer in (self.train, self.validation):
+            if writer:
+                writer.close()
