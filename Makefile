@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-fast clean
+.PHONY: train test test-fast lint clean
 
 train: $(VENV)/.installed
 	$(PY) train.py $(ARGS)
@@ -11,13 +11,17 @@ train: $(VENV)/.installed
 # Two pytest-xdist workers, a test module each at a time: a module's shared runs (and test_slurm's one
 # Slurm) stay in one worker, and the other fills the core that one run's start-up and waits leave idle.
 # The modules go longest first (tests/conftest.py), not by their number of tests.
-test: $(VENV)/.installed
+test: lint
 	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder $(ARGS)
 
 # The inner loop: config, schema, bad input that fails before TensorFlow, clusters' mapping, data,
 # summaries and plots; no training (tests marked slow).
-test-fast: $(VENV)/.installed
+test-fast: lint
 	$(PY) -m pytest -q -n 2 -m "not slow" $(ARGS)
+
+# ruff, with the settings in pyproject.toml: every Python file of the checkout.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

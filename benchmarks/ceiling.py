@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import distrain  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS)
-from distrain import cli  # noqa: E402
+from distrain import cli  # noqa: E402 - after the environment is set
 
 
 def main() -> None:
@@ -29,11 +29,11 @@ def main() -> None:
 
     import tensorflow as tf
 
-    from distrain.config.validate import validate
-    from distrain.task.input_data import load_data
-    from distrain.task.context import RunContext
-    from distrain.task.metrics import make_loss
     from distrain.common.rundir import RunDir
+    from distrain.config.validate import validate
+    from distrain.task.context import RunContext
+    from distrain.task.input_data import load_data
+    from distrain.task.metrics import make_loss
     from distrain.task.training import build, set_precision
 
     cfg = cli._compose([], ["trainer.verbose=0", "trainer.save_model=false", *overrides])

@@ -16,8 +16,8 @@ from pathlib import Path
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tf_keras as keras  # noqa: E402
+import numpy as np  # noqa: E402 - after the environment is set
+import tf_keras as keras  # noqa: E402 - after the environment is set
 
 BUNDLED = Path(__file__).resolve().parents[1] / "src" / "distrain" / "data" / "mnist-10k.npz"
 

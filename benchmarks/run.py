@@ -162,7 +162,8 @@ def ceiling(b: Bench) -> None:
         "default run, trainer.time_split=false": lambda: b.train(e, *data, "trainer.time_split=false"),
         "compute ceiling (ceiling.py)": lambda: b.ceiling(*data),
     })
-    default, off, top = got["default run"], got["default run, trainer.time_split=false"], got["compute ceiling (ceiling.py)"]
+    default, off = got["default run"], got["default run, trainer.time_split=false"]
+    top = got["compute ceiling (ceiling.py)"]
     b.row("ceiling", "examples/s: the default run / the compute ceiling", ratios(default, top), "", ">= 0.95",
           statistics.median(ratios(default, top)) >= 0.95)
     b.row("ceiling", "examples/s: time accounting on / off (its cost)", ratios(default, off), "", ">= 0.97",
@@ -248,7 +249,8 @@ def predict(b: Bench) -> None:
                                "distrain predict, 2 workers": lambda: ours("strategy=multi_worker_mirrored",
                                                                            "cluster.workers=2")})
     one, keras_, two = (got[k] for k in got)
-    b.row("predict", f"examples/s: distrain predict / plain Keras predict ({'Fashion-MNIST' if fashion else 'bundled digits'}"
+    b.row("predict",
+          f"examples/s: distrain predict / plain Keras predict ({'Fashion-MNIST' if fashion else 'bundled digits'}"
           " training images)", ratios(one, keras_), "", ">= 0.9",
           statistics.median(ratios(one, keras_)) >= 0.9)
     b.row("predict", "examples/s: 2 workers (multi_worker_mirrored) / one process, the tasks' start-up included",
@@ -263,7 +265,8 @@ def settings(b: Bench) -> None:
     e = f"trainer.epochs={b.opts.epochs}", ONEDNN
     ps = ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]
     got = b.rounds("settings", {
-        "float32, 1 step per call": lambda: b.train(*e, "trainer.mixed_precision=false", "trainer.steps_per_execution=1"),
+        "float32, 1 step per call": lambda: b.train(*e, "trainer.mixed_precision=false",
+                                                    "trainer.steps_per_execution=1"),
         "float32, 8 steps per call (default)": lambda: b.train(*e, "trainer.mixed_precision=false"),
         "mixed_precision=auto (default)": lambda: b.train(*e),
         "float32, jit_compile=true": lambda: b.train(*e, "trainer.mixed_precision=false", "trainer.jit_compile=true"),
@@ -280,7 +283,8 @@ def settings(b: Bench) -> None:
     b.row("settings", "steps_per_execution 8 / 1 (default strategy)",
           ratios(base, got["float32, 1 step per call"]), "x")
     b.row("settings", "steps_per_execution 8 / 1 (parameter_server, 2 workers)",
-          ratios(got["parameter_server 2 workers, 8 steps per call"], got["parameter_server 2 workers, 1 step per call"]),
+          ratios(got["parameter_server 2 workers, 8 steps per call"],
+                 got["parameter_server 2 workers, 1 step per call"]),
           "x")
     auto = got["mixed_precision=auto (default)"]
     b.row("settings", f"mixed_precision=auto ({auto[0]['precision_policy']}) / float32", ratios(auto, base), "x")
@@ -303,7 +307,7 @@ def pipeline(b: Bench) -> None:
 
     stderr = os.dup(2)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # TensorFlow's start-up lines
-    import tensorflow  # noqa: F401
+    import tensorflow  # noqa: F401 - here, with its start-up lines hidden
     os.dup2(stderr, 2)
 
     from distrain.task.input_pipeline import make_dataset
@@ -341,10 +345,14 @@ def startup(b: Bench) -> None:
     """Seconds to answer --help and --cfg job, and from the command's start to the first training step."""
     for flag in (["--help"], ["--cfg", "job"]):
         walls = [b._run([sys.executable, str(TRAIN), *flag])[1] for _ in range(b.opts.rounds)]
-        b.row("startup", f"`python train.py {' '.join(flag)}` seconds", walls, " s", "< 1 s", statistics.median(walls) < 1)
-    clusters = {"default": [], "multi_worker_mirrored, 2 workers": ["strategy=multi_worker_mirrored", "cluster.workers=2"],
-                "parameter_server, 1 ps + 2 workers": ["strategy=parameter_server", "cluster.workers=2", "cluster.ps=1"]}
-    got = b.rounds("startup", {label: (lambda a=args: b.train("trainer.epochs=1", *a)) for label, args in clusters.items()},
+        b.row("startup", f"`python train.py {' '.join(flag)}` seconds", walls, " s", "< 1 s",
+              statistics.median(walls) < 1)
+    clusters = {"default": [], "multi_worker_mirrored, 2 workers": ["strategy=multi_worker_mirrored",
+                                                                    "cluster.workers=2"],
+                "parameter_server, 1 ps + 2 workers": ["strategy=parameter_server", "cluster.workers=2",
+                                                       "cluster.ps=1"]}
+    got = b.rounds("startup", {label: (lambda a=args: b.train("trainer.epochs=1", *a)) for label,
+                               args in clusters.items()},
                    rounds=max(1, b.opts.rounds // 2))
     for label, runs in got.items():
         # Where the time goes: each task's "ready" line (a server up; a strategy connected), from cluster.json.
@@ -357,7 +365,8 @@ def startup(b: Bench) -> None:
                      if any(t["type"] in kinds for t in ts)]
             if ready:
                 b.row("startup", f"seconds to {role}: {label}", ready, " s")
-        b.row("startup", f"seconds to the first training step: {label}", [r["seconds_to_first_step"] for r in runs], " s")
+        b.row("startup", f"seconds to the first training step: {label}", [r["seconds_to_first_step"] for r in runs],
+              " s")
 
 
 def accuracy(b: Bench) -> None:
@@ -399,7 +408,8 @@ def scaling(b: Bench) -> None:
     found = json.loads(out.read_text())["ratios"]
     b.samples["scaling"] = found
     for name, values in found.items():
-        target = {"sync efficiency, 2 workers vs 2 x 1 worker": 0.85, "async speed-up, 2 workers vs 1 worker": 1.6}.get(name)
+        target = {"sync efficiency, 2 workers vs 2 x 1 worker": 0.85,
+                  "async speed-up, 2 workers vs 1 worker": 1.6}.get(name)
         b.row("scaling", name, values, "", f">= {target}" if target else "",
               statistics.median(values) >= target if target else None)
 
@@ -506,7 +516,8 @@ def files(b: Bench) -> None:
     raw = b.workdir / "raw"
     b._run([sys.executable, str(TRAIN), "write-tfrecords", "data.source=bundled", f"out={raw}", "shards=8",
             "encoding=raw"])
-    tfrecord = ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
+    tfrecord = ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*",
+                "data.num_classes=10"]
     raw_records = ["data=tfrecord", f"data.train_files={raw}/train-*", f"data.test_files={raw}/test-*",
                    "data.num_classes=10", "data.image_size=[28,28]", "data.channels=1"]
     got = b.rounds("files", {
@@ -580,7 +591,8 @@ def threads(b: Bench) -> None:
         f"default strategy, {n} intra-op threads (TensorFlow's default)": lambda: b.train(*e),
         "default strategy, 1 intra-op thread": lambda: b.train(*e, env={"TF_NUM_INTRAOP_THREADS": "1"}),
         f"multi_worker_mirrored 2 workers, {max(1, n // 2)} thread(s) each (default)": lambda: b.train(*e, *mwms),
-        f"multi_worker_mirrored 2 workers, {n} threads each": lambda: b.train(*e, *mwms, f"cluster.threads_per_worker={n}"),
+        f"multi_worker_mirrored 2 workers, {n} threads each": lambda: b.train(*e, *mwms,
+                                                                              f"cluster.threads_per_worker={n}"),
         f"parameter_server 2 workers, {max(1, n // 2)} thread(s) each (default)": lambda: b.train(*e, *ps),
         f"parameter_server 2 workers, {n} threads each": lambda: b.train(*e, *ps, f"cluster.threads_per_worker={n}"),
     })
@@ -605,7 +617,7 @@ def cpu_features() -> str:
     spec.loader.exec_module(cpu)
     flags = cpu.flags()
     default_on = flags & set(cpu.ONEDNN_DEFAULT_ON)
-    have = lambda *names: "yes" if flags & set(names) else "no"  # noqa: E731
+    have = lambda *names: "yes" if flags & set(names) else "no"
     return (f"AVX-512 {have('avx512f')}, AVX512_BF16 {have('avx512_bf16')}, AMX {have('amx_tile', 'amx_bf16')}, "
             f"TensorFlow's oneDNN default {'on' if default_on else 'off'}")
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from distrain.launcher import memory
-from distrain.task import input_pipeline as pipeline
-from distrain.report import timesplit
 from distrain.common.errors import ConfigError
+from distrain.launcher import memory
+from distrain.report import timesplit
+from distrain.task import input_pipeline as pipeline
 from distrain.task.training import train
+
 from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, small
 
 BUNDLED = ["data.source=bundled", "trainer.verbose=0", "trainer.save_model=false"]
@@ -89,7 +90,7 @@ def test_an_input_pipeline_slow_on_purpose_is_input_bound(tmp_path, monkeypatch)
     train_split = pipeline.ArraySource.train
 
     def slow(self, *args, **kwargs):
-        wait = lambda *batch: (tf.py_function(lambda: time.sleep(0.05) or 0, [], tf.int32), batch)[1]  # noqa: E731
+        wait = lambda *batch: (tf.py_function(lambda: time.sleep(0.05) or 0, [], tf.int32), batch)[1]
         return train_split(self, *args, **kwargs).map(wait)
     monkeypatch.setattr(pipeline.ArraySource, "train", slow)
     results, _ = train(make_cfg(*BUNDLED, "model=mlp", "trainer.epochs=2", "trainer.steps_per_epoch=12"), tmp_path)
@@ -131,7 +132,8 @@ def test_a_sigkill_is_out_of_memory_only_when_the_kernel_counted_one(monkeypatch
 def memory_cgroup():
     """A memory cgroup of 200 MiB (cgroup v2 or v1), removed after the test; skipped where none can be made."""
     v2 = Path("/sys/fs/cgroup")
-    base, limit = (v2, "memory.max") if (v2 / "cgroup.controllers").exists() else (v2 / "memory", "memory.limit_in_bytes")
+    base, limit = (v2, "memory.max") if (v2 / "cgroup.controllers").exists() else (v2 / "memory",
+                                                                                   "memory.limit_in_bytes")
     group = base / f"distrain-test-{os.getpid()}"
     try:
         group.mkdir()

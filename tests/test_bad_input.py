@@ -69,7 +69,8 @@ CASES = [
     ("printed-cross", ["-c", "all", "strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.batch_size=7"],
      "must divide evenly over 2 replicas"),
     ("peer-timeout", ["cluster.peer_timeout=0"], "cluster.peer_timeout=0.0 must be a positive number of seconds"),
-    ("slurm-outside", ["strategy=multi_worker_mirrored", "cluster=slurm"], "cluster=slurm runs as the tasks of a Slurm"),
+    ("slurm-outside", ["strategy=multi_worker_mirrored", "cluster=slurm"],
+     "cluster=slurm runs as the tasks of a Slurm"),
     ("slurm-port", ["cluster=slurm", "cluster.port_base=80"], "cluster.port_base=80 must be a port from 1024"),
     ("bool-nan", ["trainer.stop_on_nan=sometimes"], "trainer.stop_on_nan=sometimes must be true or false"),
     ("bool-tensorboard", ["trainer.tensorboard=[true]"], "trainer.tensorboard"),
@@ -149,7 +150,8 @@ CASES = [
     ("optimizer-module", ["optimizer._target_=nosuch.Opt"], "optimizer._target_=nosuch.Opt: there is no module nosuch"),
     ("lr-scaling", ["trainer.lr_scaling=quadratic"], "trainer.lr_scaling=quadratic is not one of none, linear, sqrt"),
     ("decay-zero", ["schedule=cosine", "schedule.decay_steps=0"], "schedule.decay_steps=0 must be a positive integer"),
-    ("metrics-misfit", ["loss=mean_squared_error", "+metrics.acc={_target_: tf_keras.metrics.SparseCategoricalAccuracy}"],
+    ("metrics-misfit", ["loss=mean_squared_error",
+                        "+metrics.acc={_target_: tf_keras.metrics.SparseCategoricalAccuracy}"],
      "metrics.acc (tf_keras.metrics.SparseCategoricalAccuracy) reads integer class labels, but loss=mean_squared_error "
      "reads other labels: set metrics=regression"),
     ("target-argument-typo", ["optimizer._target_=tf_keras.optimizers.SGD", "+optimizer.momentun=0.9"],
@@ -161,7 +163,8 @@ CASES = [
     ("metrics-typo", ["metric=regression"], "metric is not a key of the config: set e.g. metrics=accuracy"),
     ("loss-option", ["loss=mse"], "loss=mse is not an option of loss (binary_crossentropy, categorical_crossentropy"),
     ("from-logits", ["loss.from_logits=maybe"], "loss.from_logits=maybe is not one of auto, true, false"),
-    ("metric-module", ["+metrics.f1={_target_: nosuch.F1}"], "metrics.f1._target_=nosuch.F1: there is no module nosuch"),
+    ("metric-module", ["+metrics.f1={_target_: nosuch.F1}"],
+     "metrics.f1._target_=nosuch.F1: there is no module nosuch"),
     ("monitor-needs-validation", ["callbacks=early_stopping"], "callbacks.early_stopping monitors val_loss, which "
      "only validation gives: set trainer.validate_every=1"),
     ("monitor-unknown", ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val_acc",
@@ -172,7 +175,8 @@ CASES = [
     ("validate-negative", ["trainer.validate_every=-1"], "trainer.validate_every=-1 must be 0 or more"),
     ("validation-split-unused", ["data.validation_split=0.2"], "data.validation_split=0.2 holds out validation "
      "data, which only validation reads: set trainer.validate_every=1"),
-    ("validation-split-range", ["data.validation_split=1.5"], "data.validation_split=1.5 must be at least 0 and below 1"),
+    ("validation-split-range", ["data.validation_split=1.5"],
+     "data.validation_split=1.5 must be at least 0 and below 1"),
     ("validation-split-tfrecord", ["data=tfrecord", "data.train_files=/nonexistent/*.tfrecord",
                                    "data.validation_split=0.2"], "data.validation_split=0.2 holds out rows of arrays, "
      "not TFRecord records: write a validation set as data.test_files"),
@@ -210,14 +214,16 @@ CASES = [
     ("device-name", ["strategy=one_device", "strategy.device=banana"], "device 'banana' is not a device name"),
     ("gpus-missing", ["strategy=mirrored", "strategy.devices=[/gpu:0,/gpu:1]"], "is not on this machine"),
     ("parameter-device", ["strategy=central_storage", "strategy.parameter_device=/gpu:3"], "device /gpu:3 is not"),
-    ("virtual-device-missing", ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "strategy.devices=[/cpu:0,/cpu:5]"],
+    ("virtual-device-missing", ["strategy=mirrored", "strategy.cpu_virtual_devices=2",
+                                "strategy.devices=[/cpu:0,/cpu:5]"],
      "device /cpu:5 is not on this machine"),
     # ---- the classic cluster flags (cluster=manual) ----
     ("manual-no-role", [*MWMS, "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2222]"],
      "cluster=manual needs this task's role: set cluster.task_type"),
     ("manual-no-workers", [*MWMS, "cluster=manual", "cluster.task_type=worker"], "the cluster has no worker tasks"),
     ("manual-hosts-string", [*MWMS, "cluster=manual", "cluster.worker_hosts=127.0.0.1:23456"],
-     "cluster.worker_hosts=127.0.0.1:23456 must be a list such as [a,b]: set e.g. cluster.worker_hosts=[127.0.0.1:23456]"),
+     "cluster.worker_hosts=127.0.0.1:23456 must be a list such as [a,b]: "
+     "set e.g. cluster.worker_hosts=[127.0.0.1:23456]"),
     ("manual-no-port", [*MWMS, "cluster=manual", "cluster.worker_hosts=[localhost]", "cluster.task_type=worker"],
      "worker address 'localhost' is not host:port"),
     ("manual-bad-port", [*MWMS, "cluster=manual", "cluster.worker_hosts=[localhost:99999]", "cluster.task_type=worker"],
@@ -438,7 +444,8 @@ def test_the_catalogue_is_large_and_its_checks_can_fail(tmp_path):
     (["evaluate"], "evaluate needs a run directory first"),
     (["evaluate", "{dir}", "{dir}/kept.csv"], "none of the 2 paths given holds a distrain run (a config.yaml)"),
     (["predict", "{dir}"], "predict needs out=PATH, where to write the predictions"),
-    (["predict", "{dir}", "out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv or .tfrecord"),
+    (["predict", "{dir}", "out=p.txt"],
+     "out=p.txt is of no format predict writes: name a file ending in .npz or .csv or .tfrecord"),
     (["predict", "{dir}", "out={dir}/kept.csv"], "out={dir}/kept.csv exists: name another file, or set overwrite=true"),
     (["stacks", "{dir}"], "{dir} holds no distrain run (no config.yaml)"),
 ])

@@ -1,21 +1,23 @@
 """`python train.py` as a user runs it: a launcher process, a training child, results on disk."""
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-import io
-import re
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, Overdue, assert_nothing_left, here, run_cli
 from distrain.common import cpu
 from distrain.common.errors import print_error
+
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, Overdue, assert_nothing_left, here, run_cli
+
 
 def test_help_is_instant_and_lists_the_groups(tmp_path):
     start = time.perf_counter()
@@ -105,7 +107,8 @@ def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path, monkeyp
     # oneDNN by default on any x86 CPU without a GPU, where TensorFlow's own default is off on some
     # (test_multiworker: off as asked; test_devices: the choice on other machines).
     value, why = cpu.onednn_choice("auto")
-    on = {"1": True, "true": True, "0": False, "false": False}.get(value, bool(cpu.flags() & set(cpu.ONEDNN_DEFAULT_ON)))
+    on = {"1": True, "true": True, "0": False, "false": False}.get(value,
+                                                                   bool(cpu.flags() & set(cpu.ONEDNN_DEFAULT_ON)))
     assert results["onednn"] is on and f"cpu kernels: {'oneDNN' if on else 'Eigen, oneDNN off'} ({why})" in out.stdout
     assert "trainer:\n  epochs: 12" in out.stdout  # the resolved config at start
     last = out.stdout.splitlines()[-3:]  # the results, what bound the run, and each task's peak memory
@@ -211,7 +214,8 @@ def test_the_wheel_runs_from_any_directory(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
     def distrain(*args):
-        return subprocess.run([str(venv / "bin" / "distrain"), *args], cwd=project, env={**env, "HYDRA_FULL_ERROR": "0"},
+        return subprocess.run([str(venv / "bin" / "distrain"), *args], cwd=project, env={**env,
+                                                                                         "HYDRA_FULL_ERROR": "0"},
                               capture_output=True, text=True, timeout=RUN_TIMEOUT)
 
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import distrain; print(distrain.__file__)"],
@@ -281,7 +285,9 @@ def test_a_forked_task_repeats_none_of_its_fork_servers_work(tmp_path, monkeypat
     imported is frozen; the task collects its own garbage. The control: a process of the default collector
     that makes 300,000 lasting objects counts full collections, and none with kept_for_good."""
     from omegaconf import OmegaConf
+
     from distrain.launcher.forkserver import ForkServer
+
     from helpers import small
 
     (tmp_path / "counted.py").write_text(COUNTED_TASK)

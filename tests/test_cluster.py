@@ -2,17 +2,18 @@
 TensorFlow)."""
 import json
 import re
-import time
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from distrain.common import cluster
-from distrain.task.context import Topology
-from distrain.config.validate import validate
 from distrain.common.errors import ConfigError
+from distrain.common.topology import Topology
+from distrain.config.validate import validate
+
 from helpers import make_cfg
 
 SPEC = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221", "127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}
@@ -61,7 +62,8 @@ def test_multi_worker_mirrored_takes_no_ps():
 
 
 def test_manual_flags_build_the_same_cluster():
-    cfg = make_cfg("strategy=parameter_server", "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2221,127.0.0.1:2222]",
+    cfg = make_cfg("strategy=parameter_server", "cluster=manual",
+                   "cluster.worker_hosts=[127.0.0.1:2221,127.0.0.1:2222]",
                    "cluster.ps_hosts=[127.0.0.1:2223]", "cluster.chief_host=127.0.0.1:2220",
                    "cluster.task_type=ps", "cluster.task_index=0")
     validate(cfg)
@@ -191,8 +193,8 @@ def test_pinned_workers_get_cores_of_their_own():
 def test_tasks_start_the_usual_way_when_the_fork_server_cannot(tmp_path, caplog):
     """A fork server that dies at start (its imports failed): the task runs its own command instead,
     and the launcher says so, naming the server's log."""
-    from distrain.launcher.forkserver import ForkServer
     from distrain.common.rundir import RunDir
+    from distrain.launcher.forkserver import ForkServer
     from distrain.launcher.supervisor import TaskProcess
 
     broken = [sys.executable, "-c", "import sys; sys.exit('ImportError: no tensorflow here')"]
@@ -251,7 +253,8 @@ def test_tensorflow_errors_of_a_cluster_are_one_line_for_the_launcher():
     cfg = OmegaConf.create({"cluster": {"peer_timeout": 30}})
     remote = ("2 root error(s) found.\n  (0) INTERNAL: {{function_node __wrapped__Identity_device_/job:chief/replica:0/"
               "task:0/device:CPU:0}} Unable to parse request\nAdditional GRPC error information from remote target "
-              "/job:worker/replica:0/task:1/device:CPU:0 while calling /tensorflow.eager.EagerService/RunComponentFunction")
+              "/job:worker/replica:0/task:1/device:CPU:0 while calling "
+              "/tensorflow.eager.EagerService/RunComponentFunction")
     assert str(lost_peer(tf.errors.InternalError(None, None, remote), cfg)) == \
         "a task of the cluster failed mid-training (Unable to parse request)"
     assert str(lost_peer(tf.errors.UnavailableError(None, None, "Socket closed"), cfg)) == \

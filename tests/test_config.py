@@ -1,8 +1,9 @@
 """The real conf/ composes in every combination a user can name, and bad values fail fast."""
 import pytest
 
-from distrain.config.validate import validate
 from distrain.common.errors import ConfigError
+from distrain.config.validate import validate
+
 from helpers import CONF, make_cfg
 
 
@@ -82,7 +83,8 @@ def test_old_steps_per_schedule_still_works_with_one_notice(capsys):
     assert notices == ["warning: strategy.steps_per_schedule is deprecated: write trainer.steps_per_execution=7 "
                        "instead (it means the same)"]  # once, however often the config is checked
     # control: without the old key, the new one is left alone
-    assert validate(make_cfg("strategy=parameter_server", "trainer.steps_per_execution=3")).trainer.steps_per_execution == 3
+    assert validate(make_cfg("strategy=parameter_server",
+                             "trainer.steps_per_execution=3")).trainer.steps_per_execution == 3
 
 
 # A user's config directory: a group of their own whose option sets hydra.mode, one that chooses

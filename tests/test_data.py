@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distrain.data import arrays as data
 from distrain.common.errors import ConfigError
+from distrain.data import arrays as data
+
 from helpers import make_cfg, write_idx
 
 PER_CLASS = [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]  # from the data README
@@ -157,9 +158,9 @@ def test_synthetic_is_deterministic_and_class_dependent():
 
 
 def test_pipeline_normalises_batches_and_shuffles_reproducibly():
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files  # noqa: F401 (TensorFlow)
-
     import tensorflow as tf
+
+    from distrain.task import input_pipeline as pipeline  # noqa: F401 (TensorFlow)
 
     (x, y), _ = data.synthetic(100, 1, seed=0)
     x = x[..., None]  # as load() gives images: with a channel axis
@@ -178,7 +179,7 @@ def test_pipeline_normalises_batches_and_shuffles_reproducibly():
 
 def test_worker_parts_reassemble_the_one_device_batches():
     """Sync workers each build their slice of every global batch: together, exactly one device's."""
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files  # noqa: F401 (TensorFlow)
+    from distrain.task import input_pipeline as pipeline  # noqa: F401 (TensorFlow)
 
     (x, y), _ = data.synthetic(200, 1, seed=0)
 
@@ -195,7 +196,7 @@ def test_worker_parts_reassemble_the_one_device_batches():
 
 
 def test_repeated_epochs_are_reshuffled_whole_batches():
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files  # noqa: F401 (TensorFlow)
+    from distrain.task import input_pipeline as pipeline  # noqa: F401 (TensorFlow)
 
     (x, y), _ = data.synthetic(96, 1, seed=0)
     ds = pipeline.make_dataset(x, y, 32, seed=3, shuffle_buffer=1000, repeat=True, drop_remainder=True)
@@ -207,9 +208,10 @@ def test_repeated_epochs_are_reshuffled_whole_batches():
 @pytest.mark.parametrize("compress", [True, False])
 def test_a_parameter_server_worker_reads_idx_files_itself(tmp_path, compress):
     """TensorFlow ops read the same arrays numpy does, wherever they run."""
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files  # noqa: F401 (TensorFlow)
-
     import tensorflow as tf
+
+    from distrain.task import input_pipeline as pipeline  # noqa: F401 (TensorFlow)
+    from distrain.task import worker_idx as worker_files
 
     (x, y), _ = data.synthetic(300, 10, seed=3)
     write_idx(tmp_path / "train-images-idx3-ubyte", x, compress)
@@ -224,7 +226,8 @@ def test_a_parameter_server_worker_reads_idx_files_itself(tmp_path, compress):
 
 def test_float_images_and_large_labels_go_through_idx_files(tmp_path):
     """Other data (float images, labels past 255) takes the same way to parameter-server workers."""
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files  # noqa: F401 (TensorFlow)
+    from distrain.task import input_pipeline as pipeline  # noqa: F401 (TensorFlow)
+    from distrain.task import worker_idx as worker_files
 
     x = np.random.default_rng(0).random((50, 6, 5, 3)).astype(np.float32)
     y = np.arange(50, dtype=np.int32) * 7  # up to 343
@@ -240,7 +243,7 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
     not the data (control: the same data as arrays is inside it)."""
     import tensorflow as tf
 
-    from distrain.task.context import Topology
+    from distrain.common.topology import Topology
     from distrain.task.input_pipeline import array_reader
 
     monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
@@ -262,7 +265,8 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
 
 
 def test_a_local_clusters_workers_read_other_data_from_temporary_files():
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files  # noqa: F401 (TensorFlow)
+    from distrain.task import input_pipeline as pipeline  # noqa: F401 (TensorFlow)
+    from distrain.task import worker_idx as worker_files
 
     (x, y), _ = data.synthetic(300, 10, seed=3)
     files = data.TemporaryIdx(x, y)
@@ -276,9 +280,10 @@ def test_a_local_clusters_workers_read_other_data_from_temporary_files():
 
 def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
     """A worker checks the files it reads against the fingerprints of the coordinator's copy."""
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files  # noqa: F401 (TensorFlow)
-
     import tensorflow as tf
+
+    from distrain.task import input_pipeline as pipeline  # noqa: F401 (TensorFlow)
+    from distrain.task import worker_idx as worker_files
 
     (x, y), _ = data.synthetic(300, 10, seed=3)
     for machine, labels in (("here", y), ("there", (y + 1) % 10)):  # there: another version of the labels
@@ -302,7 +307,7 @@ def test_a_worker_whose_files_differ_or_vanish_fails_in_one_line(tmp_path):
     with pytest.raises(tf.errors.NotFoundError) as raised:
         read()
     assert str(worker_files.unreadable_on_worker(raised.value, cfg)).startswith(
-        f"a worker cannot read its training data ({tmp_path}/here/train-labels-idx1-ubyte.gz; No such file or directory): "
-        "every parameter-server worker reads the IDX files itself")
+        f"a worker cannot read its training data ({tmp_path}/here/train-labels-idx1-ubyte.gz; No such file or "
+        "directory): every parameter-server worker reads the IDX files itself")
     assert worker_files.unreadable_on_worker(tf.errors.NotFoundError(None, None, "elsewhere"), cfg) is None
     assert worker_files.unreadable_on_worker(ValueError("x"), cfg) is None

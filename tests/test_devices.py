@@ -5,9 +5,9 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from distrain.common import cpu as cpu_lib
-from distrain.task import strategy as strategy_lib
-from distrain.config.validate import UNSHARDABLE, check_devices_present
 from distrain.common.errors import ConfigError
+from distrain.config.validate import UNSHARDABLE, check_devices_present
+from distrain.task import strategy as strategy_lib
 from distrain.task.strategy import compute_devices, configure_devices, precision_policy
 
 GPU_BOX = ["/cpu:0", "/gpu:0", "/gpu:1"]

@@ -17,9 +17,10 @@ from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser
 
 from distrain import cli
-from distrain.inference import commands as inference
-from distrain.config.validate import check_objective, validate
 from distrain.common.errors import ConfigError
+from distrain.config.validate import check_objective, validate
+from distrain.inference import commands as inference
+
 from helpers import ROOT
 
 DOCS = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").glob("*.md"))),
@@ -217,6 +218,7 @@ error: model.dropout=1.5 must be at most 1: set e.g. model.dropout=0.5
     assert "strategy.cpu_virtual_devices=99 must be from 0 to" in \
         said["distrain -m strategy=mirrored strategy.cpu_virtual_devices=2,99"]
     assert "neither distrain's nor in NOT_HERE" in said["rm -rf outputs"]
-    assert "model=yours is not an option of model (cnn, mine, mlp)" in said["python train.py --config-dir conf model=yours"]
+    said_of_yours = said["python train.py --config-dir conf model=yours"]
+    assert "model=yours is not an option of model (cnn, mine, mlp)" in said_of_yours
     assert said["python train.py trainer.epoch=4"] == ""  # the transcript's line, as the command says it
     assert said["python train.py model.dropout=1.5"].startswith("says 'model.dropout=1.5 must be at least 0")

@@ -35,6 +35,7 @@ from sybil.parsers.markdown import CodeBlockParser
 
 from distrain import cli
 from distrain.data import write_tfrecords as tfrecords
+
 from helpers import ROOT, here
 from test_docs import DOCS, NEEDS_ELSEWHERE, NOT_HERE, READERS_MODULES, check, commands, distrain_args, lay_out
 
@@ -148,7 +149,7 @@ class Reader:
             why = next((why for marker, why in NOT_RUN.items() if marker in line), None)
             why = why or (install(needs[line]) if line in needs else None)
             if why and line in needs:
-                warnings.warn(f"{self.doc}:{at}: {line} not run: {why}")
+                warnings.warn(f"{self.doc}:{at}: {line} not run: {why}", stacklevel=1)
             if args is None:
                 if words[0] not in NOT_HERE:
                     self.problems.append(f"{self.doc}:{at}: {line}\n    neither distrain's nor in test_docs.NOT_HERE")
@@ -300,7 +301,8 @@ error: trainer.epoch is not a key of trainer: set e.g. trainer.epochs=99
         "doc.md:1: rm -rf outputs", "doc.md:9: python train.py trainer.epoch=4"], reader.problems
     assert "trainer.epochs=0 must be a positive integer" in reader.problems[1]
     assert [command.split(" (")[0] for _, command in reader.ran] == [
-        "python train.py --cfg job trainer.seed=7", "python train.py trainer.epoch=3", "python train.py trainer.epoch=4"]
+        "python train.py --cfg job trainer.seed=7", "python train.py trainer.epoch=3",
+        "python train.py trainer.epoch=4"]
     assert [command for _, command, _ in reader.not_run] == [
         "python train.py cluster=slurm strategy=multi_worker_mirrored",
         "python train.py cluster=slurm trainer.epochs=0", "rm -rf outputs", "make test"]

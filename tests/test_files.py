@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from distrain.data import arrays as data, files
-from distrain.task.context import Topology
 from distrain.common.errors import ConfigError
+from distrain.common.topology import Topology
+from distrain.data import arrays as data
+from distrain.data import files
+
 from helpers import RUN_TIMEOUT, assert_nothing_left, check_evaluations, make_cfg, record_file, run_cli
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.batch_size=64", "trainer.verbose=2"]
@@ -86,8 +88,8 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     many files as pipelines; DATA sharding (every file, a share of its records) with fewer."""
     import tensorflow as tf
 
-    from distrain.task import input_pipeline as pipeline
     from distrain.data import write_tfrecords as tfrecords
+    from distrain.task import input_pipeline as pipeline
 
     x, _ = digits(400)
     for k in range(4):
@@ -210,7 +212,8 @@ def test_tfrecord_shards_train_on_a_local_cluster_each_worker_its_files(shards, 
     assert results["history"]["val_loss"][-1] == pytest.approx(results["test_loss"], rel=1e-5)  # the same weights
     chief = [line for line in out.stdout.splitlines() if line.startswith(("[worker-0] ", "[chief-0] "))]
     assert "stopped training after epoch 2" in chief[-2]  # its results' line (the evaluator's may come after)
-    assert re.search(r"peak resident memory: (chief-0 [\d,]+ MiB, )?worker-0 [\d,]+ MiB, worker-1 [\d,]+ MiB", out.stdout)
+    assert re.search(r"peak resident memory: (chief-0 [\d,]+ MiB, )?worker-0 [\d,]+ MiB, worker-1 [\d,]+ MiB",
+                     out.stdout)
     assert results["time_split"]["communication"] > 0, results["time_split"]  # all-reduce, or waits for a step
     check_evaluations(run_dir, out.stdout, last="ckpt-30", epoch=2)  # 2 epochs of 15 steps, not 20
     if mwms:  # both workers stopped there, together
@@ -311,7 +314,8 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
     """A file the launcher found, gone (or never there) where a worker reads it: one line naming it."""
     import tensorflow as tf
 
-    from distrain.task import input_pipeline as pipeline, worker_idx as worker_files
+    from distrain.task import input_pipeline as pipeline
+    from distrain.task import worker_idx as worker_files
 
     cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", "trainer.batch_size=32"))
     found = files.scan(cfg.data, seed=0)
@@ -326,13 +330,14 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
 
 def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):
     """write-tfrecords' two encodings, read back: the pixels of the arrays they came from, scaled to [0, 1]."""
-    from distrain.task import input_pipeline as pipeline
     from distrain.data import write_tfrecords as tfrecords
+    from distrain.task import input_pipeline as pipeline
 
     x, y = digits(50)
     for encoding in ("png", "raw"):
         tfrecords.write(x, y, tmp_path / encoding, "test", 1, raw=encoding == "raw")
-        cfg = make_cfg("data=tfrecord", f"data.train_files={tmp_path / encoding}/*", f"data.test_files={tmp_path / encoding}/*",
+        cfg = make_cfg("data=tfrecord", f"data.train_files={tmp_path / encoding}/*",
+                       f"data.test_files={tmp_path / encoding}/*",
                        "data.num_classes=10", "trainer.batch_size=50",
                        *(["data.image_size=[28,28]", "data.channels=1"] if encoding == "raw" else []))
         found = files.scan(cfg.data, seed=0)

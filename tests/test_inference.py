@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 from distrain.common import cluster, cpu
-from distrain.data import arrays as data, write_tfrecords as tfrecords
-from distrain.launcher import forkserver, launch as launcher
-from distrain.inference import commands as inference, cluster_parts as parts
+from distrain.data import arrays as data
+from distrain.data import write_tfrecords as tfrecords
+from distrain.inference import cluster_parts as parts
+from distrain.inference import commands as inference
+from distrain.launcher import forkserver
+from distrain.launcher import launch as launcher
+
 from helpers import alive, during, here, make_cfg, task_pids, task_state, wait_until
 
 pytestmark = pytest.mark.slow  # a trained run, and TensorFlow in this process
@@ -76,7 +80,8 @@ def test_evaluate_gives_what_keras_evaluate_gives_and_never_overwrites(trained, 
     assert first["examples"] == len(y) == 2000
     assert (run / "results.json").read_text() == results_before  # the run's own figures stay
     said = capsys.readouterr().out
-    assert f"Evaluated on 2,000 examples of mnist (the SavedModel {run / 'saved_model'}): loss {first['loss']:.4f}" in said
+    assert (f"Evaluated on 2,000 examples of mnist (the SavedModel {run / 'saved_model'}): "
+            f"loss {first['loss']:.4f}") in said
 
 
 def test_predict_gives_what_keras_predict_gives_in_input_order(trained, tmp_path):
@@ -321,7 +326,8 @@ def test_several_runs_and_data_sets_make_a_job_each_and_end_with_a_table(trained
         assert f"{found['loss']:.4f}" in table[job]
     # predict, -m over strategies: here, and on 2 workers of multi_worker_mirrored (parts of 64 rows)
     assert inference.main("predict", [str(run), "data=npz", f"data.path={tmp_path / 'b.npz'}", "cluster.workers=2",
-                                      "strategy=default,multi_worker_mirrored", "part_size=64", f"out={tmp_path / 'p.npz'}"],
+                                      "strategy=default,multi_worker_mirrored", "part_size=64",
+                                      f"out={tmp_path / 'p.npz'}"],
                           lambda overrides: make_cfg(*overrides), multirun=True) == 0
     expected = plain_model(run).predict(pixels[:500] / 255.0, batch_size=128, verbose=0)
     for n in (0, 1):

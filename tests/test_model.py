@@ -3,13 +3,15 @@ import tf_keras as keras
 
 from distrain.common.errors import ConfigError
 from distrain.task.model import build_model
+
 from helpers import make_cfg
 
 
 def test_mlp_is_the_classic_784_100_10_network():
     model = build_model(make_cfg("model=mlp").model, (28, 28, 1), 10)
     assert model.count_params() == 784 * 100 + 100 + 100 * 10 + 10 == 79_510
-    assert [l.__class__.__name__ for l in model.layers] == ["InputLayer", "Flatten", "Dense", "Dense", "Activation"]
+    assert [layer.__class__.__name__ for layer in model.layers] == ["InputLayer", "Flatten", "Dense", "Dense",
+                                                                    "Activation"]
 
 
 def test_cnn_is_the_keras_simple_mnist_convnet():

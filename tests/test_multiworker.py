@@ -23,9 +23,25 @@ from distrain.data import arrays as data
 from distrain.launcher import memory
 from distrain.launcher.supervisor import STOP_GRACE_SECONDS
 from distrain.task.training import train
-from helpers import (TRAIN_PY, assert_nothing_left, check_evaluations, finish, kill_in_epoch_2, kill_task, make_cfg,
-                     run_cli, start, task_state, tensorboard_values, to_the_launcher, untimed, wait_until,
-                     while_running, write_idx)
+
+from helpers import (
+    TRAIN_PY,
+    assert_nothing_left,
+    check_evaluations,
+    finish,
+    kill_in_epoch_2,
+    kill_task,
+    make_cfg,
+    run_cli,
+    start,
+    task_state,
+    tensorboard_values,
+    to_the_launcher,
+    untimed,
+    wait_until,
+    while_running,
+    write_idx,
+)
 
 pytestmark = pytest.mark.slow  # every test starts a cluster of processes
 
@@ -54,7 +70,8 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     # asynchronous steps: at 24, the accuracy ranged from 0.40 to 0.97
     assert out.returncode == 0, out.stdout[-4000:]
     # The profiler: the coordinator's trace, and each worker's, asked of its server.
-    traces = sorted(p.parent.parent.parent.parent.name for p in (run_dir / "tensorboard").glob("*/plugins/profile/*/*.xplane.pb"))
+    traces = sorted(p.parent.parent.parent.parent.name
+                    for p in (run_dir / "tensorboard").glob("*/plugins/profile/*/*.xplane.pb"))
     workers = list((run_dir / "tensorboard" / "workers").glob("plugins/profile/*/*.xplane.pb"))
     assert traces == ["chief-0", "workers", "workers"] and len(workers) == 2, traces
     results = json.loads((run_dir / "results.json").read_text())
@@ -103,7 +120,8 @@ def check_forked(run_dir):
         if task["cores"]:
             assert os.sched_getaffinity(task["pid"]) == set(task["cores"]), task
     (server,) = parents
-    assert Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")[1:4] == [b"-m", b"distrain.launcher.forkserver", b"(shared)"]
+    assert Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")[1:4] == [b"-m", b"distrain.launcher.forkserver",
+                                                                              b"(shared)"]
 
 
 def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_then_restart_the_cluster(
@@ -119,9 +137,9 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # this run's temporary files, apart from other runs'
     chief_log = run_dir / "logs" / "chief-0.log"
     logs = [run_dir / "logs" / f"worker-{i}.log" for i in range(2)]
-    epochs = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)",  # noqa: E731
+    epochs = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)",
                                 chief_log.read_text())
-    restarts = lambda: json.loads((run_dir / "cluster.json").read_text())["restarts"]  # noqa: E731
+    restarts = lambda: json.loads((run_dir / "cluster.json").read_text())["restarts"]
     seen = {}
 
     def chaos(run):
@@ -145,7 +163,7 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
                         socket.create_connection((host, int(port)), timeout=5).close()
             for i in range(2):
                 kill_task(run_dir, f"worker-{i}")
-                wait_until(lambda: "--- restart 1 ---" in logs[i].read_text(), run, f"worker {i}'s restart")
+                wait_until(lambda i=i: "--- restart 1 ---" in logs[i].read_text(), run, f"worker {i}'s restart")
                 trains_again(i)
             check_forked(run_dir)  # the restarted workers too
             restarted_longer_ago_than_the_window(0)
@@ -185,7 +203,8 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
         assert out.count(f"task worker-{i} exited with status -9: restarting it on its own address (restart 1 of 1 "
                          f"within {window} s (cluster.restart_window), cluster.max_restarts)") == times
     assert (f"task worker-0 exited with status -9 and worker-0 was restarted 1 time(s) already within {window} s "
-            "(cluster.restart_window) (cluster.max_restarts=1): it leaves the run, which goes on with 1 worker(s)") in out
+            "(cluster.restart_window) (cluster.max_restarts=1): it leaves the run, which goes on with 1 worker(s)"
+            ) in out
     assert left[1][0] == left[0][0] and left[1][1] > left[0][1]
     assert ("task worker-1 exited with status -9 (worker-0 left the run, and TensorFlow's coordinator takes a worker "
             "back only once every worker answers): restarting the cluster from its latest checkpoint (restart 1 of 1 "
@@ -285,8 +304,8 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
       would: the coordinator takes it back (its steps grow again). Ctrl-C ends that chief, then each
       server. (A chief that trains to its end: test_tf_config_chief_and_worker_match_one_device.)"""
     (x_train, y_train), (x_test, y_test) = data.load(make_cfg(*SYNTHETIC_THREE_EPOCHS[:3]).data, 42)
-    for machine, labels in (("here", y_train), ("there", y_train), ("elsewhere", (y_train + 1) % 10)):
-        for split, images, labels in (("train", x_train, labels), ("t10k", x_test, y_test)):
+    for machine, train_labels in (("here", y_train), ("there", y_train), ("elsewhere", (y_train + 1) % 10)):
+        for split, images, labels in (("train", x_train, train_labels), ("t10k", x_test, y_test)):
             write_idx(tmp_path / machine / "idx" / f"{split}-images-idx3-ubyte", images, compress=True)
             write_idx(tmp_path / machine / "idx" / f"{split}-labels-idx1-ubyte", labels, compress=True)
     ps, *workers, chief = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(4))
@@ -314,7 +333,7 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
         long_run = tmp_path / "here" / "long"
         proc = start(long_run, *as_chief, "trainer.epochs=1000")
         chief_log = long_run / "logs" / "chief-0.log"
-        steps = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)", chief_log.read_text())  # noqa: E731
+        steps = lambda: re.findall(r"\(worker 0: (\d+), worker 1: (\d+)\)", chief_log.read_text())
         try:
             wait_until(lambda: chief_log.exists() and len(steps()) >= 2 and int(steps()[-1][1]) > 0, proc, "epoch 2")
             learnt = float(re.findall(r"accuracy: ([\d.]+)", chief_log.read_text())[1])  # epoch 2, both workers
@@ -364,7 +383,8 @@ def test_tf_config_chief_and_worker_match_one_device(tmp_path):
         assert proc.returncode == 0, outs[name][-4000:]
     run_dir = tmp_path / "chief"
     worker_results = json.loads((run_dir / "results.json").read_text())
-    assert worker_results["onednn"] is False and "(TF_ENABLE_ONEDNN_OPTS=0 in the environment, which wins" in outs["chief"]
+    assert worker_results["onednn"] is False
+    assert "(TF_ENABLE_ONEDNN_OPTS=0 in the environment, which wins" in outs["chief"]
     assert (worker_results["num_workers"], worker_results["num_replicas"]) == (2, 2)
     assert not (tmp_path / "worker" / "results.json").exists()  # only the chief writes results
     for name in procs:

@@ -12,6 +12,7 @@ import tf_keras as keras
 
 from distrain.config.schema_check import check
 from distrain.task.optimizer import Warmup, learning_rate, make_optimizer
+
 from helpers import RUN_TIMEOUT, make_cfg, small, tensorboard_values
 
 

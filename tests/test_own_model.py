@@ -9,12 +9,13 @@ import tensorflow as tf
 import tf_keras as keras
 import yaml
 
-from helpers import ROOT, assert_nothing_left, make_cfg, run_cli
-from distrain.data import arrays as data
-from distrain.config.validate import validate
 from distrain.common.errors import ConfigError
+from distrain.config.validate import validate
+from distrain.data import arrays as data
 from distrain.task.model import build_model, check_model
 from distrain.task.training import train
+
+from helpers import ROOT, assert_nothing_left, make_cfg, run_cli
 
 MODELS = '''
 import tensorflow as tf

@@ -16,11 +16,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import (assert_nothing_left, here, in_process, kill_in_epoch_2, kill_task, run_cli, small,
-                     to_the_launcher, untimed, wait_until, while_running)
-from distrain.task import runners
 from distrain.common.errors import ConfigError
+from distrain.task import runners
 from distrain.task.training import train
+
+from helpers import (
+    assert_nothing_left,
+    here,
+    in_process,
+    kill_in_epoch_2,
+    kill_task,
+    run_cli,
+    small,
+    to_the_launcher,
+    untimed,
+    wait_until,
+    while_running,
+)
 
 pytestmark = pytest.mark.slow  # every test trains, most in processes of their own
 
@@ -118,7 +130,7 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path, mo
     for data_file in checkpoints.glob("ckpt-20.data-*"):
         data_file.write_bytes(data_file.read_bytes()[:100])
     # The control: the newest checkpoint alone can no longer be read.
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whichever error TensorFlow raises for a cut data file
         weights(checkpoints / "ckpt-20")
     capfd.readouterr()
     results, resumed = train(small(*config, "trainer.resume=true"), tmp_path / "stopped")
@@ -179,7 +191,8 @@ def uninterrupted(tmp_path_factory):
 def shards(tmp_path_factory) -> list:
     """The same synthetic examples as data=synthetic data.train_examples=2048 data.test_examples=256, in
     TFRecord shards (4 and 1): the overrides that train on them."""
-    from distrain.data import arrays as data, write_tfrecords as tfrecords
+    from distrain.data import arrays as data
+    from distrain.data import write_tfrecords as tfrecords
 
     out = tmp_path_factory.mktemp("shards")
     (x, y), (x_test, y_test) = data.synthetic(2048, 256, seed=42)

@@ -77,7 +77,8 @@ def test_the_parameter_server_sbatch_example_learns_and_its_step_ends(tmp_path):
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + log.read_text()[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["strategy"] == strategy and results["test_accuracy"] > 0.5
-    assert (results["num_workers"], results["num_ps"]) == (2, 1) and all(n > 0 for n in results["worker_steps"].values())
+    assert (results["num_workers"], results["num_ps"]) == (2,
+                                                           1) and all(n > 0 for n in results["worker_steps"].values())
     assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == [
         "chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
     assert log.read_text().count("the chief is gone, so this task ends") == 3  # the ps and workers end with it
@@ -112,7 +113,8 @@ def test_a_requeued_job_goes_on_from_its_checkpoint(tmp_path):
     job_id = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out",
                              str(SCRIPT.parent / "slurm" / "multi_worker_mirrored.sbatch"), f"hydra.run.dir={run_dir}",
                              *QUICK[1:-3], "data.train_examples=4096", "trainer.epochs=4", "trainer.verbose=2",
-                             "model=cnn", "trainer.checkpoint_every_steps=8"],  # 32 slower steps an epoch: requeued early
+                             # 32 slower steps an epoch: requeued early
+                             "model=cnn", "trainer.checkpoint_every_steps=8"],
                             capture_output=True, text=True, timeout=60, cwd=TRAIN_PY.parent, env=env,
                             check=True).stdout.strip().split(";")[0]
     try:

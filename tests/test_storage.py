@@ -16,14 +16,18 @@ import sys
 import pytest
 import yaml
 
-from helpers import ROOT, TRAIN_PY, assert_nothing_left, finish, in_process, run_cli, sweep_cli, wait_until
 from distrain.common import storage
 
+from helpers import ROOT, TRAIN_PY, assert_nothing_left, finish, in_process, run_cli, sweep_cli, wait_until
+
 # Files written in place, not through storage.write_atomic, and why that is safe.
-WRITTEN_IN_PLACE = {"common/storage.py": "the atomic write itself", "launcher/task_log.py": "task logs, appended to as they come",
+WRITTEN_IN_PLACE = {"common/storage.py": "the atomic write itself",
+                    "launcher/task_log.py": "task logs, appended to as they come",
                     "launcher/supervisor.py": "a task's stacks, appended to its log",
-                    "launcher/forkserver.py": "its log, appended to as it comes", "common/lifetime.py": "the heartbeat: only its time",
-                    "common/cluster.py": "core locks, which hold nothing", "data/arrays.py": "a download to .part, then renamed",
+                    "launcher/forkserver.py": "its log, appended to as it comes",
+                    "common/lifetime.py": "the heartbeat: only its time",
+                    "common/cluster.py": "core locks, which hold nothing",
+                    "data/arrays.py": "a download to .part, then renamed",
                     "report/plots.py": "a picture to .tmp.png, then renamed",
                     "common/stacks.py": "a task's step and stacks in the scratch directory, read by the launcher alone"}
 

@@ -4,10 +4,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from distrain.launcher import launch as launcher, supervisor
-from distrain.launcher.restarts import (DEPARTED, FAIL, GO_ON, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide,
-                               signalled)
 from distrain.common.rundir import RunDir
+from distrain.launcher import launch as launcher
+from distrain.launcher import supervisor
+from distrain.launcher.restarts import (
+    DEPARTED,
+    FAIL,
+    GO_ON,
+    LEAVE,
+    RESTART_CLUSTER,
+    RESTART_IT,
+    Restarts,
+    decide,
+    signalled,
+)
+
 from helpers import make_cfg
 
 
@@ -72,7 +83,8 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     for worker in (w0, w1, w2, w0):
         assert restarts.may_restart(worker)
         restarts.take(worker, -9, f"task {worker.name} exited with status -9", "it on its own address", [worker])
-    assert not restarts.may_restart(w0) and restarts.may_restart(w1) and restarts.may_restart(ps)  # w0 twice; the cluster never
+    # w0 twice; the cluster never
+    assert not restarts.may_restart(w0) and restarts.may_restart(w1) and restarts.may_restart(ps)
     assert restarts.per_task == {"worker-0": 2, "worker-1": 1, "worker-2": 1}
     assert restarts.exhausted("task worker-0 died", w0) == (
         "task worker-0 died and worker-0 was restarted 2 time(s) already within 3600 s (cluster.restart_window) "
@@ -80,7 +92,8 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     assert restarts.exhausted("task ps-0 died", ps) == "task ps-0 died"  # the cluster's budget: untouched
     restarts.take(ps, -9, "task ps-0 exited with status -9", "the cluster from its latest checkpoint", [ps, w0])
     assert restarts.may_restart(ps) and "the cluster was restarted 1 time(s)" in restarts.exhausted("x", ps)
-    assert restarts.may_restart_cluster() and not Restarts(0).may_restart_cluster()  # (what a task losing a peer is told)
+    # (what a task losing a peer is told)
+    assert restarts.may_restart_cluster() and not Restarts(0).may_restart_cluster()
     now[0] += 3601  # an hour on, the old restarts no longer count
     assert restarts.may_restart(w0) and restarts.exhausted("task worker-0 died", w0) == "task worker-0 died"
     assert [r["time"] for r in restarts.done] == [1000.0] * 5  # each recorded with its time
@@ -112,7 +125,8 @@ def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path)
                              "cluster.max_restarts, or read the workers' logs for why they die")
     budget = worker_1_left(Restarts(1))  # the control: with a restart left, the cluster restarts instead
     outcome = supervisor._ended(tasks, {"worker-1"}, RunDir(tmp_path), budget, lambda status: None)
-    assert outcome.restart and [r["restarted"] for r in budget.done] == [DEPARTED, "the cluster from its latest checkpoint"]
+    assert outcome.restart and [r["restarted"] for r in budget.done] == [DEPARTED,
+                                                                         "the cluster from its latest checkpoint"]
     assert budget.gone() == []  # the restarted cluster has every worker again
 
 

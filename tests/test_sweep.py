@@ -20,11 +20,13 @@ import portpicker
 import pytest
 import yaml
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, sweep_cli, tensorboard_values
 from distrain.common import cluster
-from distrain.report import dashboard, sweep
-from distrain.launcher import supervisor, task_log as task_output
 from distrain.common.rundir import RunDir
+from distrain.launcher import supervisor
+from distrain.launcher import task_log as task_output
+from distrain.report import dashboard, sweep
+
+from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, sweep_cli, tensorboard_values
 
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
@@ -379,7 +381,8 @@ def test_partial_sweep_rows_and_weak_scaling(tmp_path):
     assert [(r["job"], r["status"]) for r in rows] == [(0, "ok"), (1, "ok"), (2, "incomplete")]
     assert rows[1]["speedup"] == pytest.approx(1.8) and rows[1]["efficiency"] == pytest.approx(0.9)
     # Where each job's time went, and its largest task's peak memory (blank where a run did not say).
-    assert [(r["communication"], r["bound"], r["peak_rss_mib"]) for r in rows[:2]] == [("", "", ""), (0.3, "compute", 410.5)]
+    assert [(r["communication"], r["bound"], r["peak_rss_mib"]) for r in rows[:2]] == [("", "", ""), (0.3, "compute",
+                                                                                                      410.5)]
     assert sweep.scaling_notes(rows) == ["multi_worker_mirrored over 1/2 replicas: weak scaling (per-replica "
                                          "batch 128 fixed, work grows with the replicas)"]
     summary = sweep.summarize(tmp_path, out=open(os.devnull, "w"))
@@ -578,6 +581,6 @@ def test_a_run_s_curves_are_the_picture_matplotlib_lays_out_and_draw_once(tmp_pa
     plots.curves(results, tmp_path / "matplotlib.png")
     monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.subplots_adjust(left=0.1), fig.savefig(path, dpi=100)))
     plots.curves(results, tmp_path / "other.png")
-    picture = lambda name: Image.open(tmp_path / name).convert("RGB")  # noqa: E731
+    picture = lambda name: Image.open(tmp_path / name).convert("RGB")
     assert ImageChops.difference(picture("curves.png"), picture("matplotlib.png")).getbbox() is None
     assert ImageChops.difference(picture("curves.png"), picture("other.png")).getbbox() is not None

@@ -7,11 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from distrain.config.validate import validate
 from distrain.common.errors import ConfigError
-from distrain.task.metrics import pick_accuracy
 from distrain.config.schema import labels_read
 from distrain.config.targets import check_arguments, takes
+from distrain.config.validate import validate
+from distrain.task.metrics import pick_accuracy
+
 from helpers import make_cfg
 
 USER_CODE = '''
@@ -131,7 +132,8 @@ def test_the_default_accuracy_follows_the_loss(loss, labels, picked):
     else:
         assert "accuracy" not in metrics and line.startswith("metrics.accuracy: none")
     if labels == "binary":  # of logits: thresholded at 0, a probability of 0.5
-        assert metrics.accuracy.threshold == 0 and "threshold" not in pick_accuracy(cfg.metrics, labels, True)[0].accuracy
+        assert metrics.accuracy.threshold == 0 and "threshold" not in pick_accuracy(cfg.metrics, labels,
+                                                                                    True)[0].accuracy
     # The control: the user's own metrics win.
     own = validate(make_cfg(f"loss={loss}", "metrics=regression")).metrics
     assert pick_accuracy(own, labels, False) == (own, "")

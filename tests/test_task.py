@@ -13,6 +13,7 @@ import tf_keras as keras
 
 from distrain.config.schema_check import check
 from distrain.task.metrics import Tally, make_metrics
+
 from helpers import ROOT, RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli, tensorboard_values
 
 TIME_SPLIT = {"time_input", "time_compute", "time_communication"}  # per epoch, in the history
@@ -94,7 +95,8 @@ def test_a_metric_that_cannot_be_summed_is_one_line():
 
 def test_a_metric_of_probabilities_given_logits_is_one_line():
     from distrain.common.errors import ConfigError
-    from distrain.task.metrics import check_metrics_read_the_outputs as check, pick_accuracy
+    from distrain.task.metrics import check_metrics_read_the_outputs as check
+    from distrain.task.metrics import pick_accuracy
 
     binary = make_cfg("loss=binary_crossentropy", "metrics=binary").metrics
     with pytest.raises(ConfigError, match=r"^metrics.accuracy \(tf_keras.metrics.BinaryAccuracy\) reads probabilities, "
@@ -133,8 +135,8 @@ def test_the_binary_loss_given_class_indices_is_one_line():
 
 
 def test_a_sweeps_objective_must_be_a_number_its_runs_report():
-    from distrain.config.validate import check_objective
     from distrain.common.errors import ConfigError
+    from distrain.config.validate import check_objective
 
     with pytest.raises(ConfigError, match=r"^trainer.objective=test_accuracy is not a number of a run's results.json: "
                                           r"set it to one of test_loss, test_mae, test_rmse, final_train_loss"):
@@ -144,7 +146,8 @@ def test_a_sweeps_objective_must_be_a_number_its_runs_report():
 
 def regression_data(path, n=1200, features=8, seed=0):
     """Tabular rows and a float target: a fixed smooth function of them, plus a little noise."""
-    np.savez(path, **dict(zip(("x_train", "y_train", "x_test", "y_test"), _splits(*_regression_rows(n, features, seed)))))
+    np.savez(path, **dict(zip(("x_train", "y_train", "x_test", "y_test"), _splits(*_regression_rows(n, features,
+                                                                                                    seed)))))
     return path
 
 
@@ -228,7 +231,8 @@ def test_sync_training_reports_what_keras_fit_reports_and_mirrored_ends_alike(tm
         cfg = check(make_cfg("data=npz", f"data.path={tmp_path / 'd.npz'}", "data.shuffle_buffer=0",
                              "model._target_=test_task_models.seeded", f"strategy={strategy}",
                              "trainer.mixed_precision=false", f"trainer.epochs={epochs}",
-                             f"trainer.batch_size={batch}", "trainer.verbose=0", "trainer.save_model=false", *overrides))
+                             f"trainer.batch_size={batch}", "trainer.verbose=0", "trainer.save_model=false",
+                             *overrides))
         results, model = train(cfg, tmp_path / strategy)
         ran[strategy] = results["history"], [w.copy() for w in model.get_weights()]
     if task == "regression":  # it learns: always predicting the mean would cost about 1.3

@@ -6,10 +6,11 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain.common.errors import ConfigError, Diverged
 import distrain.task.strategy
+from distrain.common.errors import ConfigError, Diverged
 from distrain.task import training
 from distrain.task.training import train
+
 from helpers import small, tensorboard_values
 
 pytestmark = pytest.mark.slow  # every test trains (make test-fast leaves them out)

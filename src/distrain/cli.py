@@ -23,13 +23,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from distrain.config import schema_check as checking
 from distrain.common import storage
-from distrain.config.validate import validate
 from distrain.common.errors import ConfigError, print_error
 from distrain.common.lifetime import exit_now
 from distrain.common.messages import STARTED
 from distrain.common.rundir import RunDir
+from distrain.config import schema_check as checking
+from distrain.config.validate import validate
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")  # inside the package: an installed wheel has it
 INTERRUPTED = (130, 143)  # 128 + SIGINT, 128 + SIGTERM
@@ -62,7 +62,8 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     if code and (job is None or (code in INTERRUPTED and not apart)):
         sys.exit(code)  # a single run's status; an interrupt ends the whole sweep (its process ends one apart)
     if code:
-        return JobFailed(f"job {job} " + ("was interrupted" if code in INTERRUPTED else f"failed with exit status {code}"))
+        how = "was interrupted" if code in INTERRUPTED else f"failed with exit status {code}"
+        return JobFailed(f"job {job} {how}")
     results = RunDir(run_dir).read_results()
     if not results:
         return None

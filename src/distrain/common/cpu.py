@@ -58,7 +58,8 @@ def onednn_env(setting) -> dict:
 
 def onednn_line() -> str:
     """What the task runs, from TensorFlow itself (started by now), and why."""
-    why = os.environ.get(ONEDNN_WHY) or (f"{ONEDNN}={os.environ[ONEDNN]}" if ONEDNN in os.environ else "TensorFlow's default")
+    why = os.environ.get(ONEDNN_WHY) or (f"{ONEDNN}={os.environ[ONEDNN]}" if ONEDNN in os.environ
+                                         else "TensorFlow's default")
     return f"cpu kernels: {'oneDNN' if onednn_on() else 'Eigen, oneDNN off'} ({why})"
 
 

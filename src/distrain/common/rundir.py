@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from distrain.report import results as report
 from distrain.common import storage
+from distrain.report import results as report
 
 CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION, DATA = "config.yaml", "status.json", "results.json", "cluster.json", \
     "evaluation.json", "data.json"

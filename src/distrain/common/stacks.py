@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from distrain.common.errors import print_error
-from distrain.common.storage import write_atomic
 from distrain.common.messages import POSITION, STACKS
+from distrain.common.storage import write_atomic
 
 ANSWER_SECONDS = 1.0  # for the tasks' dumps
 WAIT_SECONDS = 10.0  # `distrain stacks`: for the launcher's answer (it looks every 0.1 s)
@@ -63,7 +63,8 @@ class Position:
 def is_dump(line: str) -> bool:
     """A line of a stacks dump in a task's log (faulthandler's frames: "line N in f", where a Python
     traceback says "line N, in f"), or of its header."""
-    return bool(re.match(r'  File ".*", line \d+ in |(Current thread|Thread) 0x|--- Python stacks at |\(no answer', line))
+    return bool(re.match(r'  File ".*", line \d+ in |(Current thread|Thread) 0x|--- Python stacks at |\(no answer',
+                         line))
 
 
 def step_of(position: Path) -> int | None:
@@ -124,7 +125,7 @@ def where(stacks: str, synchronous: bool) -> str:
 
 def summary(found: dict, synchronous: bool) -> str:
     """One line: what each task does, the ones that did not answer first."""
-    at = lambda step: f" at step {step}" if step is not None else ""  # noqa: E731
+    at = lambda step: f" at step {step}" if step is not None else ""
     silent = [f"{name} stopped answering{at(step)}" for name, (step, stacks) in found.items() if not stacks.strip()]
     busy = [f"{name} {where(stacks, synchronous)}{at(step)}" for name, (step, stacks) in found.items()
             if stacks.strip()]

@@ -8,9 +8,9 @@ import logging
 
 from hydra.utils import get_object
 
-from distrain.config.schema_check import ENTRIES, _shown, split
 from distrain.common.errors import ConfigError
 from distrain.config.schema import OWN
+from distrain.config.schema_check import ENTRIES, _shown, split
 
 # Keyword arguments a Keras base class takes through **kwargs and checks itself (tf_keras, tensorflow).
 CHECKED_BY_ITSELF = ("tf_keras.", "keras.", "tensorflow.")

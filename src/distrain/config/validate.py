@@ -12,10 +12,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from distrain.common import cpu as cpu_lib
-from distrain.config import schema_check as checking, schema
 from distrain.common.errors import ConfigError
 from distrain.common.rundir import RunDir
-from distrain.task.context import Topology
+from distrain.common.topology import Topology
+from distrain.config import schema
+from distrain.config import schema_check as checking
 from distrain.config.schema import StrategyName
 
 # ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
@@ -338,8 +339,8 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
         if key in RESUME_MAY_CHANGE:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key))
     if not RunDir(run_dir, merged).has_checkpoint():
-        raise ConfigError(f"trainer.resume=true but {RunDir(run_dir, merged).checkpoints} holds no checkpoint to resume "
-                          "from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
+        raise ConfigError(f"trainer.resume=true but {RunDir(run_dir, merged).checkpoints} holds no checkpoint to "
+                          "resume from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
     return merged
 
 

@@ -15,16 +15,15 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-
 from omegaconf import OmegaConf
 
-from distrain.config import schema_check as checking
 from distrain.common import storage
-from distrain.config.validate import instantiate
 from distrain.common.errors import ConfigError
-from distrain.data.files import not_one_class
 from distrain.common.lifetime import scratch
+from distrain.config import schema_check as checking
 from distrain.config.schema import FILE_SOURCES, label
+from distrain.config.validate import instantiate
+from distrain.data.files import not_one_class
 
 BUNDLED = Path(__file__).parent / "mnist-10k.npz"
 BUNDLED_TRAIN = 8000
@@ -168,8 +167,8 @@ def _read_npz(path: Path, *names):
         with np.load(path, allow_pickle=False) as f:
             missing = [name for name in names if name not in f.files]
             if missing:
-                raise ConfigError(f"data file {path} has no array {missing[0]} (it has {', '.join(f.files) or 'none'}): "
-                                  f"{fix}")
+                raise ConfigError(f"data file {path} has no array {missing[0]} "
+                                  f"(it has {', '.join(f.files) or 'none'}): {fix}")
             return tuple(f[name] for name in names)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise ConfigError(f"data file {path} is corrupt or not an .npz file ({exc}): {fix}") from None

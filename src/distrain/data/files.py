@@ -134,10 +134,10 @@ def parse_example(record: bytes) -> dict:
                 key, feature = (value.decode(), feature) if n == 1 else (key, value if n == 2 else feature)
             for kind, values in _fields(feature):
                 if kind == 1:  # BytesList
-                    features[key] = ("bytes", [v for n, v in _fields(values) if n == 1])
+                    features[key] = ("bytes", [v for field, v in _fields(values) if field == 1])
                 elif kind == 3:  # Int64List, packed or not
                     ints = []
-                    for n, v in _fields(values):
+                    for _, v in _fields(values):
                         if isinstance(v, bytes):
                             at = 0
                             while at < len(v):
@@ -269,7 +269,7 @@ def scan_images(data, seed: int) -> FileData:
         if list(test) != names:
             raise ConfigError(f"the class folders of {root / 'test'} ({', '.join(test)}) differ from those of "
                               f"{root / 'train'} ({', '.join(names)}): give both the same classes")
-        split = lambda files: (sorted(files), [])  # noqa: E731
+        split = lambda files: (sorted(files), [])
     elif data.test_split:
         import numpy as np
 

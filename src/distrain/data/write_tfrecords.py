@@ -1,6 +1,6 @@
-"""`distrain write-tfrecords [overrides] out=DIR [shards=N] [encoding=png|raw]`: any array source (bundled, keras, idx, npz,
-a loader, synthetic) written as TFRecord shards in the layout data=tfrecord reads, so that data can move
-from memory to files in one command:
+"""`distrain write-tfrecords [overrides] out=DIR [shards=N] [encoding=png|raw]`: any array source (bundled,
+keras, idx, npz, a loader, synthetic) written as TFRecord shards in the layout data=tfrecord reads, so that
+data can move from memory to files in one command:
 
     distrain write-tfrecords data=npz data.path=mydata.npz out=data shards=16
     python train.py data=tfrecord 'data.train_files=data/train-*' 'data.test_files=data/test-*'
@@ -9,13 +9,12 @@ Each record is a tf.train.Example: image/encoded (PNG; with encoding=raw the uin
 larger files but no decoding: the fastest to stream), image/class/label (int64), image/height,
 image/width, image/channels; uint8 images as they are, float images in [0, 1] scaled to 0-255.
 """
-from pathlib import Path
-
 import contextlib
 import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -43,7 +42,8 @@ def write(images, labels, out_dir: Path, split: str, shards: int, raw: bool = Fa
             for i in range(shard, len(labels), shards):
                 encoded = images[i].tobytes() if raw else tf.io.encode_png(images[i]).numpy()
                 feature = {"image/encoded": _bytes(encoded), "image/class/label": _ints(int(labels[i])),
-                           "image/height": _ints(height), "image/width": _ints(width), "image/channels": _ints(channels)}
+                           "image/height": _ints(height), "image/width": _ints(width),
+                           "image/channels": _ints(channels)}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return paths
 
@@ -115,8 +115,8 @@ def main(argv: list, compose, help: bool = False) -> int:
 
 
 def _write(cfg, out: Path, shards: int, raw: bool) -> int:
-    from distrain.data import arrays as data
     from distrain.config.validate import validate
+    from distrain.data import arrays as data
 
     try:
         cfg = validate(cfg)

@@ -20,14 +20,14 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.launcher import forkserver
 from distrain.common import storage
-from distrain.task.context import Topology
 from distrain.common.errors import ConfigError, print_error
-from distrain.launcher.launch import scratch_dir
 from distrain.common.messages import error_line
-from distrain.launcher.restarts import Restarts
 from distrain.common.rundir import RunDir
+from distrain.common.topology import Topology
+from distrain.launcher import forkserver
+from distrain.launcher.launch import scratch_dir
+from distrain.launcher.restarts import Restarts
 from distrain.launcher.supervisor import Outcome, TaskProcess, run_tasks
 
 PART_BATCHES = 16  # a part's batches at most by default: a restart redoes at most this much of a task's work
@@ -101,7 +101,8 @@ class Cluster:
         cfg, where = self.cfg, self.where
         batch = cfg.trainer.batch_size
         # PART_BATCHES batches, or fewer where that gives each worker two parts at least; whole batches
-        size = int(options.get("part_size") or min(PART_BATCHES * batch, -(-data.test_examples // (2 * cfg.cluster.workers))))
+        size = int(options.get("part_size") or min(PART_BATCHES * batch,
+                                                   -(-data.test_examples // (2 * cfg.cluster.workers))))
         size = -(-max(size, 1) // batch) * batch
         parts = plan(data.test_examples, size)
         directory = where / "parts"
@@ -143,10 +144,11 @@ class Cluster:
                     env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers)}
                     serves = topology.parameter_servers and task_type != "chief"
                     tasks.append(TaskProcess(task.name, self.net.wrap(argv), env, main=not serves,
-                                             alone=task_type == "worker", quiet=task.name not in ("chief-0", "worker-0"),
+                                             alone=task_type == "worker", quiet=task.name not in ("chief-0",
+                                                                                                  "worker-0"),
                                              task=task, restarts=restarts.per_task[task.name], forks=self.forks))
             outcome = run_tasks(tasks, where, startup_timeout=c.startup_timeout, restarts=restarts,
-                                on_change=lambda status: where.write_cluster(
+                                on_change=lambda status, spec=spec, tasks=tasks: where.write_cluster(
                                     {"strategy": cfg.strategy.name, "status": status, "cluster": spec,
                                      "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}))
             if not outcome.restart:

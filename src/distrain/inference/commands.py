@@ -4,10 +4,11 @@ metrics, class names and input pipeline. The run's config.yaml says everything t
 
 They run in this process under a strategy of one process (default, one_device, mirrored,
 central_storage), or on a cluster of this machine (multi_worker_mirrored, parameter_server with
-cluster=local), which computes the outputs in parts (parts.py) while this process merges them. The data is the named data's test split, read each
-example once and in order: arrays by row, TFRecord shards by file (sorted) then record, an image folder's
-test images by path (sorted). evaluate writes evaluations/<name>.json in the run directory, never over the
-run's results nor an earlier evaluation; predict writes out=PATH whole or not at all."""
+cluster=local), which computes the outputs in parts (cluster_parts.py) while this process merges them. The
+data is the named data's test split, read each example once and in order: arrays by row, TFRecord shards
+by file (sorted) then record, an image folder's test images by path (sorted). evaluate writes
+evaluations/<name>.json in the run directory, never over the run's results nor an earlier evaluation;
+predict writes out=PATH whole or not at all."""
 import contextlib
 import csv
 import io
@@ -22,10 +23,10 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from distrain.common import cpu, storage
-from distrain.inference import cluster_parts as parts
-from distrain.config import schema
 from distrain.common.errors import ConfigError, print_error
 from distrain.common.rundir import RunDir
+from distrain.config import schema
+from distrain.inference import cluster_parts as parts
 
 OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
 FORMATS = (".npz", ".csv", ".tfrecord")
@@ -76,8 +77,8 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
     try:
         out = _out(options) if command == "predict" else None
         cfg = settle(run_dir, compose, overrides)
-        from distrain.launcher.launch import environment
         from distrain.data.write_tfrecords import tensorflow_lines_to
+        from distrain.launcher.launch import environment
 
         changed = _data_changed(overrides)
         # The kernels the run trained with (trainer.onednn), in this process's TensorFlow (imported after
@@ -177,8 +178,8 @@ def _data_changed(overrides: list) -> bool:
 def settle(run_dir: Path, compose, overrides: list):
     """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
     a run would compose it), checked."""
+    from distrain.common.topology import Topology
     from distrain.config.validate import _keys, validate
-    from distrain.task.context import Topology
 
     saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
@@ -205,8 +206,9 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     import tensorflow as tf
     import tf_keras as keras
 
+    from distrain.common.topology import Topology
     from distrain.data import arrays as data_lib
-    from distrain.task.context import RunContext, Topology
+    from distrain.task.context import RunContext
     from distrain.task.input_data import load_data
     from distrain.task.model import compile_model
     from distrain.task.strategy import configure_devices, make_strategy
@@ -236,8 +238,9 @@ def check_fits(run_dir: Path, data) -> None:
 
     trained = RunDir(run_dir).read_results() or {}
     if trained.get("input_shape") and list(trained["input_shape"]) != list(data.shape):
-        raise ConfigError(f"the data's examples are {tuple(data.shape)}, the model takes {tuple(trained['input_shape'])}: "
-                          "name data of the shape it was trained on (data.image_size, data.channels)")
+        raise ConfigError(f"the data's examples are {tuple(data.shape)}, the model takes "
+                          f"{tuple(trained['input_shape'])}: name data of the shape it was trained on "
+                          "(data.image_size, data.channels)")
     if trained.get("num_classes") and trained["num_classes"] != data.classes:
         raise ConfigError(f"the data has {data.classes} classes, the model {trained['num_classes']}: name data of the "
                           "classes it was trained on (data.num_classes)")
@@ -266,8 +269,8 @@ def restore(model, run_dir: Path, cfg, checkpoint: str | None) -> str:
     try:
         tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as exc:
-        raise ConfigError(f"checkpoint {path} does not fit the model of the run's config ({str(exc).splitlines()[0][:200]}): "
-                          "name a checkpoint of this run") from None
+        raise ConfigError(f"checkpoint {path} does not fit the model of the run's config "
+                          f"({str(exc).splitlines()[0][:200]}): name a checkpoint of this run") from None
     return f"checkpoint {path}"
 
 
@@ -313,7 +316,7 @@ def score(model, outputs, labels, batch_size: int) -> dict:
 
 
 def _clustered(cfg) -> bool:
-    from distrain.task.context import Topology
+    from distrain.common.topology import Topology
 
     return Topology.of(cfg).clustered
 

@@ -56,7 +56,8 @@ class ForkServer:
             # One BLAS thread: the server must hold no thread when it forks (numpy's BLAS starts some).
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
             self.proc = subprocess.Popen(
-                self.wrap([sys.executable, "-m", "distrain.launcher.forkserver", self.label, str(theirs.fileno())]), env=env,
+                self.wrap([sys.executable, "-m", "distrain.launcher.forkserver", self.label, str(theirs.fileno())]),
+                env=env,
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -188,7 +189,7 @@ def serve(fd: int):
     closes the socket. Returns (in the child only) the request the child is to carry out."""
     sock = socket.socket(fileno=fd)
     with kept_for_good():  # (a task's collections then skip them all)
-        from distrain.task import main as task, training  # noqa: F401 - TensorFlow, Keras and the training code, once for all tasks
+        from distrain.task import main as task  # noqa: F401 - TensorFlow, Keras and the training code, once for all tasks
 
         convert_ahead()
     sock.send(b"ready")

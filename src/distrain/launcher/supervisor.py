@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distrain.common import cluster as cluster_lib
-from distrain.launcher import memory
-from distrain.report import results as report
 from distrain.common import stacks
 from distrain.common.cluster import Task
 from distrain.common.errors import print_error
-from distrain.launcher.forkserver import ForkServer
-from distrain.launcher.memory import Watch
 from distrain.common.lifetime import die_with_parent
 from distrain.common.messages import HEARTBEAT, POSITION, SCRATCH, STACKS, is_error, is_ready
-from distrain.launcher.restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide, signalled
 from distrain.common.rundir import RunDir
+from distrain.launcher import memory
+from distrain.launcher.forkserver import ForkServer
+from distrain.launcher.memory import Watch
+from distrain.launcher.restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide, signalled
 from distrain.launcher.task_log import ERR, OUT, TaskLog, is_noise, last_state, route
+from distrain.report import results as report
 
 log = logging.getLogger("distrain")
 
@@ -69,7 +69,8 @@ class FirstError:
 
 @dataclass
 class TaskProcess:
-    """One child process, running a task of the run. `name` prefixes its lines (when several share the terminal) and names its log.
+    """One child process, running a task of the run. `name` prefixes its lines (when several share the
+    terminal) and names its log.
 
     main: the run is over once every main task has exited.  essential: its failure ends the run,
     or restarts the cluster (a sidecar evaluator's does not).  alone: it is restarted on its own, on

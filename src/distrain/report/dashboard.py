@@ -19,10 +19,10 @@ from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from distrain.config import schema
 from distrain.common import storage
-from distrain.report.results import test_numbers
 from distrain.common.rundir import RunDir
+from distrain.config import schema
+from distrain.report.results import test_numbers
 
 LOG_DIR = "tensorboard"  # <run dir>/tensorboard: the session; its train/ holds the per-epoch scalars
 FILE = "events.out.tfevents.0.distrain-hparams"  # one per session, rewritten as the run's record grows

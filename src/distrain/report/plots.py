@@ -6,7 +6,7 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use("Agg")  # no display needed
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use
 
 
 def _save(fig, path: Path) -> Path:
@@ -85,7 +85,7 @@ def _time_split(ax, by_strategy: dict) -> None:
             ax.bar(x, shares, width * 0.9, bottom=bottom, color=color, label=part if i == 0 else None,
                    edgecolor="white")
             bottom = [b + v for b, v in zip(bottom, shares)]
-        for xi, r in zip(x, points):
+        for xi in x:
             ax.annotate(strategy[:12], (xi, 1.01), ha="center", fontsize="x-small", rotation=90, va="bottom")
     ax.set(title="where the training time goes", xlabel="replicas (workers)", ylabel="share of the time",
            ylim=(0, 1.35))

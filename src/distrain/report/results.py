@@ -1,9 +1,9 @@
 """What a run tells people and tools: the content of results.json (rundir.py writes it) and the closing lines."""
 import os
 
+from distrain.common.messages import STARTED
 from distrain.config import schema
 from distrain.report import timesplit
-from distrain.common.messages import STARTED
 
 
 def logs_for_tensorboard(config: dict | None) -> bool:
@@ -21,7 +21,8 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
     found = {"strategy": cfg.strategy.name, "num_replicas": f["num_replicas"], "num_workers": f["num_workers"],
              "num_ps": f["num_ps"], "devices": f["devices"], "model": schema.label(cfg.model),
              "model_params": f["model_params"], "input_shape": list(data.shape), "num_classes": data.classes,
-             "model_outputs": f["model_outputs"], "optimizer": schema.label(cfg.optimizer), "learning_rate": t.learning_rate,
+             "model_outputs": f["model_outputs"], "optimizer": schema.label(cfg.optimizer),
+             "learning_rate": t.learning_rate,
              "schedule": schema.label(cfg.schedule), "lr_scaling": t.lr_scaling,
              "scaled_learning_rate": t.learning_rate * schema.lr_factor(t),
              "epochs": t.epochs, "global_batch_size": t.batch_size,
@@ -37,7 +38,8 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "history": history, "seed": t.seed}
     split = timesplit.overall(history, seconds)
     found |= {"time_split": split, "bound": timesplit.bound(split),
-              "input_examples_per_sec": round(f["input_examples_per_sec"], 1) if f.get("input_examples_per_sec") else None,
+              "input_examples_per_sec": (round(f["input_examples_per_sec"], 1)
+                                         if f.get("input_examples_per_sec") else None),
               "input_cpu_share": timesplit.cpu_share(f.get("input_cpu_per_example"), progress.epoch_cpu_seconds,
                                                      data.steps * t.batch_size / f["num_workers"], f["num_ps"])}
     found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}

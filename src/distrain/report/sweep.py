@@ -15,14 +15,15 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
-from distrain.report.results import logs_for_tensorboard, test_numbers
-from distrain.common.rundir import STATUS, RunDir
 from distrain.common.errors import print_error
 from distrain.common.messages import ERROR
+from distrain.common.rundir import STATUS, RunDir
 from distrain.common.storage import record, write_atomic
+from distrain.report.results import logs_for_tensorboard, test_numbers
 
 MEASURES = [  # summary column <- results.json key
-    ("strategy", "strategy"), ("model", "model"), ("params", "model_params"), ("workers", "num_workers"), ("ps", "num_ps"), ("replicas", "num_replicas"),
+    ("strategy", "strategy"), ("model", "model"), ("params", "model_params"), ("workers", "num_workers"),
+    ("ps", "num_ps"), ("replicas", "num_replicas"),
     ("global_batch", "global_batch_size"), ("per_replica_batch", "per_replica_batch_size"),
     ("examples_per_sec", "examples_per_sec"), ("steps_per_sec", "steps_per_sec"),
     ("speedup", None), ("efficiency", None),
@@ -196,7 +197,7 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
            "log_tail": status.get("log_tail", []), "run_dir": str(job_dir.relative_to(sweep_dir))}
     for name, key in MEASURES:
         row[name] = results.get(key, "") if key else ""
-    row.update((results.get("time_split") or {}))  # input, compute, communication: shares of the time
+    row.update(results.get("time_split") or {})  # input, compute, communication: shares of the time
     peaks = results.get("peak_rss_mib") or {}
     row["peak_rss_mib"] = max(peaks.values()) if peaks else ""  # the largest task's
     row["metrics"] = test_numbers(results)

@@ -99,7 +99,8 @@ def verdict(results: dict, data_cfg=None) -> str:
     line = f"compute-bound: the steps take {share}"
     taken = results.get("input_cpu_share")
     if taken and taken >= INPUT_CPU_SAID:  # the input competes with the steps for the same cores
-        line += f"; the input pipeline takes {taken:.0%} as much CPU time as training, on the same cores{input_fix(data_cfg)}"
+        line += (f"; the input pipeline takes {taken:.0%} as much CPU time as training, on the same cores"
+                 f"{input_fix(data_cfg)}")
     return line
 
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from distrain.common.errors import ConfigError
 
+
 @dataclass
 class Progress:
     """Where training stands: epochs finished, steps of the current epoch finished, that epoch's sums so

@@ -5,9 +5,9 @@ from pathlib import Path
 import tensorflow as tf
 
 from distrain.task.checkpoints import read_position
-from distrain.task.model import compile_model
 from distrain.task.context import RunContext
 from distrain.task.input_data import load_data
+from distrain.task.model import compile_model
 from distrain.task.training import build, set_precision
 
 

@@ -12,13 +12,13 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.inference import cluster_parts as parts
-from distrain.task.context import RunContext
 from distrain.common.errors import FINAL, print_error
 from distrain.common.lifetime import die_with_parent, exit_now
 from distrain.common.messages import say_ready
 from distrain.common.rundir import RunDir
 from distrain.common.stacks import answer_stack_requests
+from distrain.inference import cluster_parts as parts
+from distrain.task.context import RunContext
 from distrain.task.main import lost_peer, serve
 
 AHEAD = 64  # batches scheduled on the workers beyond the one the coordinator waits for

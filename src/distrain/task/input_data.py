@@ -5,15 +5,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from distrain.data import arrays as data_lib
-from distrain.data import files
+from distrain.common.errors import ConfigError
 from distrain.config import schema
 from distrain.config.validate import check_batch_divides
-from distrain.task.context import RunContext
-from distrain.common.errors import ConfigError
+from distrain.data import arrays as data_lib
+from distrain.data import files
 from distrain.data.files import FileData
-from distrain.task.metrics import check_labels
+from distrain.task.context import RunContext
 from distrain.task.input_pipeline import InputReader, array_reader, file_reader
+from distrain.task.metrics import check_labels
 
 
 class Arrays(NamedTuple):

@@ -11,8 +11,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from distrain.data import files
 from distrain.common.errors import ConfigError
+from distrain.data import files
 from distrain.task.worker_idx import read_train_files
 
 # The functions the datasets here map build their graphs with tf.cond where they branch, so autograph's
@@ -240,7 +240,8 @@ class FileSource:
         if images:
             return ds
         return ds.interleave(unconverted(_numbered_records),
-                             cycle_length=1 if in_order else min(len(files), 8), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+                             cycle_length=1 if in_order else min(len(files), 8), block_length=1,
+                             num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
 
     @unconverted
@@ -291,7 +292,7 @@ class FileSource:
             paths, labels = batch
             raws = tf.map_fn(tf.io.read_file, paths) if whole is None else \
                 tf.stack([tf.io.read_file(path) for path in tf.unstack(paths, whole)])
-            where = lambda i: tf.strings.format("image {}", paths[i])  # noqa: E731
+            where = lambda i: tf.strings.format("image {}", paths[i])
             checks = []
         else:
             paths, indexes, serialized = batch
@@ -299,7 +300,7 @@ class FileSource:
                 data.image_key: tf.io.FixedLenFeature([], tf.string, default_value=""),
                 data.label_key: tf.io.FixedLenFeature([], tf.int64, default_value=-1)})
             raws, labels = parsed[data.image_key], tf.cast(parsed[data.label_key], tf.int32)
-            where = lambda i: tf.strings.format("record {} of {}", (indexes[i], paths[i]))  # noqa: E731
+            where = lambda i: tf.strings.format("record {} of {}", (indexes[i], paths[i]))
             checks = [_check(tf.strings.length(raws) > 0, where, f"has no {data.image_key} (data.image_key)"),
                       _check(labels >= 0, where, f"has no {data.label_key} (data.label_key), or a negative label")]
         checks.append(_check(labels < found.num_classes, where, lambda i: tf.strings.format(
@@ -310,7 +311,8 @@ class FileSource:
         else:
             size = height * width * channels
             checks.append(_check(tf.strings.length(raws) == size, where, lambda i: tf.strings.format(
-                "holds {} raw bytes, not {}", (tf.strings.length(raws[i]), size)), "fix data.image_size and data.channels"))
+                "holds {} raw bytes, not {}", (tf.strings.length(raws[i]), size)),
+                "fix data.image_size and data.channels"))
         return raws, labels, where, checks
 
     def sample(self, n: int = 2):

@@ -14,14 +14,16 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.report import results as report, timesplit
 from distrain.common import storage
-from distrain.task.context import RunContext, Topology
 from distrain.common.errors import FINAL, ConfigError, PeerLost, print_error
-from distrain.common.lifetime import Preempted, Preemption, die_with_parent, exit_now, kept_for_good
+from distrain.common.lifetime import Preempted, Preemption, die_with_parent
 from distrain.common.messages import RESTARTS_CLUSTER, say_ready
 from distrain.common.rundir import RunDir
 from distrain.common.stacks import answer_stack_requests
+from distrain.common.topology import Topology
+from distrain.report import results as report
+from distrain.report import timesplit
+from distrain.task.context import RunContext
 
 
 def main(argv=None) -> int:
@@ -42,11 +44,11 @@ def main(argv=None) -> int:
             if context.topology.parameter_servers and task.type in ("ps", "worker"):
                 return serve(context, cfg.cluster.name == "slurm", cfg.cluster.startup_timeout)
         # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
-        from distrain.task.input_pipeline import bad_data
-        from distrain.task.worker_idx import unreadable_on_worker
-        from distrain.task.strategy import configure_devices, make_strategy
         from distrain.config.targets import check_arguments
+        from distrain.task.input_pipeline import bad_data
+        from distrain.task.strategy import configure_devices, make_strategy
         from distrain.task.training import train
+        from distrain.task.worker_idx import unreadable_on_worker
 
         one_line_records()
         check_arguments(cfg)  # each _target_ given only what it takes: before any device, peer or data
@@ -64,8 +66,11 @@ def main(argv=None) -> int:
             if context.chief:
                 context.run.write_results(results)
         except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
-            raise lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or bad_data(exc) or \
-                full_disk(exc, context.run, clean=context.chief) or exc
+            translated = lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or bad_data(exc) or \
+                full_disk(exc, context.run, clean=context.chief)
+            if translated is None:
+                raise
+            raise translated from exc
     except FINAL as exc:
         print_error(str(exc))
         return 2
@@ -153,7 +158,9 @@ def evaluate(cfg, context: RunContext) -> int:
     try:
         context.run.write_evaluation(evaluations)
     except OSError as exc:
-        raise full_disk(exc, context.run) or exc
+        if (translated := full_disk(exc, context.run)) is None:
+            raise
+        raise translated from exc
     return 0
 
 

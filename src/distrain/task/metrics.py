@@ -12,10 +12,10 @@ import tensorflow as tf
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from distrain.config.validate import instantiate_as, reason
 from distrain.common.errors import ConfigError
 from distrain.config.schema import ACCURACY, labels_read
 from distrain.config.targets import takes as arguments
+from distrain.config.validate import instantiate_as, reason
 
 
 def make_loss(node, probabilities: bool, reduction: str = "none", plain: bool = False):
@@ -100,8 +100,9 @@ def check_loss(loss, labels, outputs, name: str, guessed: str = "") -> None:
                               f"these were taken for {KINDS[guessed]}; if they are class indices, set "
                               "data.num_classes=K (the model then gets K outputs)")
         raise ConfigError(f"loss={name} does not fit the model's outputs {tuple(outputs.shape)} and the labels "
-                          f"{tuple(labels.shape)}{why}: give the model's last layer as many units as a label has values "
-                          "(num_classes, which distrain passes to the builder), or choose the loss for these labels")
+                          f"{tuple(labels.shape)}{why}: give the model's last layer as many units as a label has "
+                          "values (num_classes, which distrain passes to the builder), or choose the loss for these "
+                          "labels")
 
 
 KINDS = {"classes": "class indices", "one_hot": "one-hot label rows", "binary": "rows of 0/1 labels",

@@ -4,8 +4,8 @@ import tensorflow as tf
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from distrain.config.validate import instantiate, reason
 from distrain.common.errors import ConfigError
+from distrain.config.validate import instantiate, reason
 
 
 def cnn(input_shape, num_classes: int, dropout: float = 0.5, name: str = "cnn") -> keras.Model:

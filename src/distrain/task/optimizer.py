@@ -4,10 +4,10 @@ rate with the global batch (trainer.lr_scaling)."""
 import tf_keras as keras
 from omegaconf import OmegaConf
 
-from distrain.config.validate import instantiate, instantiate_as
 from distrain.common.errors import ConfigError
 from distrain.config.schema import lr_factor
 from distrain.config.targets import takes
+from distrain.config.validate import instantiate, instantiate_as
 
 # Keys of a schedule node that are distrain's, not the schedule class's.
 WARMUP_KEYS = ("warmup_steps", "warmup_epochs")

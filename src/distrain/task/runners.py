@@ -9,10 +9,10 @@ import tensorflow as tf
 import tf_keras as keras
 
 from distrain.common.lifetime import Heartbeat
-from distrain.report.results import seconds_since_start
 from distrain.common.stacks import Position
-from distrain.task.strategy import replica_devices
+from distrain.report.results import seconds_since_start
 from distrain.report.timesplit import shares
+from distrain.task.strategy import replica_devices
 
 # The runners, never deleted: deleting the coordinator's functions removes them from every remote
 # task, which after a worker's restart takes seconds (12 s for a run's functions, measured), and

@@ -2,9 +2,9 @@
 import tensorflow as tf
 
 from distrain.common import cpu as cpu_lib
-from distrain.config.validate import UNSHARDABLE, missing_device
 from distrain.common.errors import ConfigError
 from distrain.config.schema import MWMS, PS, StrategyName
+from distrain.config.validate import UNSHARDABLE, missing_device
 
 
 def configure_devices(strategy_cfg, gpus=None) -> None:
@@ -109,7 +109,8 @@ def make_strategy(strategy_cfg, context=None, peer_timeout: float | None = None)
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
                                  strategy_cfg.communication.upper())
         return tf.distribute.MultiWorkerMirroredStrategy(
-            resolver, communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+            resolver,
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
     if name == PS:
         partitioner = None
         if strategy_cfg.variable_partitioner:

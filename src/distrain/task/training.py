@@ -5,28 +5,36 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
 import tensorflow as tf
 import tf_keras as keras
 
 from distrain.common import cpu, storage
-from distrain.report import results as report
-from distrain.config import schema
-from distrain.data import arrays as data_lib
-from distrain.task.checkpoints import Checkpoints, Progress, resume, segments
-from distrain.config.validate import instantiate_as
-from distrain.task.context import RunContext
 from distrain.common.errors import ConfigError, Diverged
+from distrain.common.lifetime import Preempted, Preemption, scratch
+from distrain.common.rundir import RunDir
+from distrain.config import schema
+from distrain.config.validate import instantiate_as
+from distrain.data import arrays as data_lib
+from distrain.report import results as report
+from distrain.report.timesplit import probe_seconds, read_alone
+from distrain.task.checkpoints import Checkpoints, Progress, resume, segments
+from distrain.task.context import RunContext
 from distrain.task.input_data import Arrays, Files, load_data
-from distrain.task.metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics, pick_accuracy
+from distrain.task.metrics import (
+    Tally,
+    check_loss,
+    check_metrics_read_the_outputs,
+    make_loss,
+    make_metrics,
+    pick_accuracy,
+)
 from distrain.task.model import build_model, check_model, compile_model, rebuilt_from_config
 from distrain.task.optimizer import make_optimizer, plain_keras
-from distrain.task.worker_idx import train_file_hashes
-from distrain.common.lifetime import Preempted, Preemption, scratch
 from distrain.task.profiling import Profile
-from distrain.common.rundir import RunDir
 from distrain.task.runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps, whole_weights
 from distrain.task.strategy import configure_devices, gpu_capabilities, gpu_peak_mib, make_strategy, precision_policy
-from distrain.report.timesplit import probe_seconds, read_alone
+from distrain.task.worker_idx import train_file_hashes
 
 
 def set_precision(cfg, announce: bool = False) -> str:
@@ -79,7 +87,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     compiled = bool(t.validate_every or cfg.get("callbacks"))
     if compiled:  # evaluate() during training, and callbacks' model.optimizer
         compile_model(model, optimizer, cfg, probabilities)
-    rebuild = lambda: build(cfg, data, policy)[:2]  # noqa: E731 - a local model and optimizer (parameter servers)
+    rebuild = lambda: build(cfg, data, policy)[:2]
     validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
                validate, callbacks, profile)

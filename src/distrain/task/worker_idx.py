@@ -6,8 +6,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from distrain.data.arrays import idx_header, train_idx_files
 from distrain.common.errors import ConfigError
+from distrain.data.arrays import idx_header, train_idx_files
 
 OTHER_DATA = "holds other data than the coordinator read"
 HASH_BUCKETS = 2 ** 62  # tf.strings.to_hash_bucket_fast: the file's 64-bit fingerprint, in range

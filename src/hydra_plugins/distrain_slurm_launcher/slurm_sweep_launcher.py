@@ -8,11 +8,11 @@ from pathlib import Path
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher, log
 
 from distrain.common import cluster as cluster_lib
 from distrain.common.errors import ConfigError
 from distrain.config.schema import CLUSTER_STRATEGIES
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher, log
 
 
 def job_tasks(cfg) -> int:

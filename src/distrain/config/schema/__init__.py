@@ -13,14 +13,52 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from .keys import (CLUSTER_STRATEGIES, CORES, FILE_SOURCES, MAX_PER_CORE, MWMS, PS, TARGET,  # noqa: F401
-                   DataSource, StrategyName)
-from .run import (CentralStorage, Local, Manual, Mirrored, MultiWorkerMirrored, OneDevice, ParameterServer, Slurm,
-                  Strategy, TfConfig, Trainer, lr_factor)  # noqa: F401
-from .task import (ACCURACY, LABELS, Adam, AdamW, BinaryCrossentropy, Builder, CategoricalCrossentropy,  # noqa: F401
-                   Cnn, Constant, Cosine, Data, Exponential, FashionMnist, Huber, Images, Loader, MeanAbsoluteError,
-                   MeanSquaredError, Mlp, Npz, OwnLoss, OwnOptimizer, OwnSchedule, Piecewise, RMSprop, Sgd,
-                   SparseCategoricalCrossentropy, Synthetic, TFRecord)
+from .keys import CLUSTER_STRATEGIES, CORES, FILE_SOURCES, MAX_PER_CORE, MWMS, PS, TARGET, DataSource, StrategyName
+from .run import (
+    CentralStorage,
+    Local,
+    Manual,
+    Mirrored,
+    MultiWorkerMirrored,
+    OneDevice,
+    ParameterServer,
+    Slurm,
+    Strategy,
+    TfConfig,
+    Trainer,
+    lr_factor,
+)
+from .task import (
+    ACCURACY,
+    LABELS,
+    Adam,
+    AdamW,
+    BinaryCrossentropy,
+    Builder,
+    CategoricalCrossentropy,
+    Cnn,
+    Constant,
+    Cosine,
+    Data,
+    Exponential,
+    FashionMnist,
+    Huber,
+    Images,
+    Loader,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    Mlp,
+    Npz,
+    OwnLoss,
+    OwnOptimizer,
+    OwnSchedule,
+    Piecewise,
+    RMSprop,
+    Sgd,
+    SparseCategoricalCrossentropy,
+    Synthetic,
+    TFRecord,
+)
 
 
 @dataclass

@@ -3,9 +3,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from .keys import (CORES, FINITE_POSITIVE, MAX_PER_CORE, NOT_NEGATIVE, POSITIVE, SECONDS, SEED, Check, Communication,
-                   at_most, key, one_of)
-
+from .keys import (
+    CORES,
+    FINITE_POSITIVE,
+    MAX_PER_CORE,
+    NOT_NEGATIVE,
+    POSITIVE,
+    SECONDS,
+    SEED,
+    Check,
+    Communication,
+    at_most,
+    key,
+    one_of,
+)
 
 # ---- trainer ----------------------------------------------------------------------------------------
 
@@ -15,8 +26,8 @@ class Trainer:
     batch_size: int = key(128, "GLOBAL batch: each of N replicas gets batch_size / N", POSITIVE)
     steps_per_epoch: Optional[int] = key(None, "global steps an epoch (null: one pass over the training data); "
                                          "for data larger than a pass should take", POSITIVE, example=1000)
-    learning_rate: float = key(0.002, "the learning rate (the schedule's initial one), for trainer.reference_batch_size "
-                               "under trainer.lr_scaling", FINITE_POSITIVE)
+    learning_rate: float = key(0.002, "the learning rate (the schedule's initial one), for "
+                               "trainer.reference_batch_size under trainer.lr_scaling", FINITE_POSITIVE)
     lr_scaling: str = key("none", "the learning rate grows with the global batch: linear (x batch / reference, "
                           "Goyal et al. 2017; pair it with schedule.warmup_epochs), sqrt, or none",
                           one_of("none", "linear", "sqrt"))

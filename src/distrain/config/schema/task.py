@@ -6,7 +6,6 @@ from typing import Any, ClassVar, List, Optional
 
 from .keys import FINITE_POSITIVE, FRACTION, NOT_NEGATIVE, POSITIVE, TARGET, Check, DataSource, key, one_of
 
-
 # ---- model ------------------------------------------------------------------------------------------
 
 MODEL_PATH_DOC = ("a saved Keras model (.keras file or SavedModel directory, e.g. a run's saved_model) to go on "
@@ -15,7 +14,8 @@ MODEL_PATH_DOC = ("a saved Keras model (.keras file or SavedModel directory, e.g
 
 @dataclass
 class Cnn:
-    _target_: str = key("distrain.task.model.cnn", "the builder: called with input_shape, num_classes and the keys below")
+    _target_: str = key("distrain.task.model.cnn",
+                        "the builder: called with input_shape, num_classes and the keys below")
     name: str = key("cnn", "the Keras simple MNIST convnet")
     dropout: float = key(0.5, "dropout rate before the last layer", FRACTION)
     path: Optional[str] = key(None, MODEL_PATH_DOC, example="outputs/DATE/TIME/saved_model")
@@ -23,7 +23,8 @@ class Cnn:
 
 @dataclass
 class Mlp:
-    _target_: str = key("distrain.task.model.mlp", "the builder: called with input_shape, num_classes and the keys below")
+    _target_: str = key("distrain.task.model.mlp",
+                        "the builder: called with input_shape, num_classes and the keys below")
     name: str = key("mlp", "the classic distributed-MNIST network: pixels -> hidden ReLU -> logits")
     hidden_units: int = key(100, "units of the hidden layer", Check(lambda v: 0 < v <= 65536,
                                                                     "must be from 1 to 65536"))
