@@ -145,7 +145,6 @@ def as_a_user(monkeypatch, cwd: Path, argv: list):
         m.chdir(cwd)
         m.setattr(sys, "argv", ["distrain", *argv])
         m.setattr(sys, "path", list(sys.path))
-        m.setattr(cli, "OWN_DIRS", [])
         # (main() sets these in os.environ: set here, they are undone after, as a process of its own would.)
         m.setenv("HYDRA_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", "0"))
         m.setenv("DISTRAIN_STARTED", str(time.time()))

@@ -188,7 +188,7 @@ def test_worker_parts_reassemble_the_one_device_batches():
         return [b[1].numpy() for b in ds]
 
     whole = batches()
-    halves = [batches(part=(i, 2)) for i in range(2)]
+    halves = [batches(part=(2, i)) for i in range(2)]
     assert len(whole) == 3 and all(len(b) == 64 for b in whole)  # 200 // 64, remainder dropped
     for step, batch in enumerate(whole):
         np.testing.assert_array_equal(np.concatenate([halves[0][step], halves[1][step]]), batch)
@@ -252,7 +252,7 @@ def test_the_worker_dataset_function_ships_no_arrays_when_workers_read_files(idx
 
     def constant_bytes(cfg, source=None) -> int:
         fn = array_reader(x, y, cfg, topology=Topology(parameter_servers=True, clustered=True, workers=2, ps=1),
-                         files=source)
+                         idx_files=source)
         graph = tf.function(lambda: fn(context)._variant_tensor).get_concrete_function().graph
         return sum(tf.make_ndarray(op.get_attr("value")).nbytes for op in graph.get_operations() if op.type == "Const")
 

@@ -171,7 +171,6 @@ def check_doc(doc: Path, user_dir: Path, here: Path) -> tuple[list, list]:
 def reader(tmp_path, monkeypatch):
     """The reader's directory (their conf/ and modules, as the docs lay them out); never the network."""
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
-    monkeypatch.setattr(cli, "OWN_DIRS", [])
     (tmp_path / "project").mkdir()
     return tmp_path / "project"
 

@@ -38,7 +38,8 @@ from helpers import make_cfg
     (0, True, True, True, True, GO_ON),
 ])
 def test_what_a_tasks_end_means_for_the_run(code, alone, essential, may_restart, others_running, action):
-    assert decide(code, alone, essential, may_restart, others_running) == action
+    assert decide(code, alone=alone, essential=essential, may_restart=may_restart,
+                  others_running=others_running) == action
 
 
 @pytest.mark.parametrize("may_restart, others_running, may_restart_cluster, action", [
@@ -51,10 +52,10 @@ def test_a_worker_lost_after_another_left_restarts_the_cluster(may_restart, othe
                                                                action):
     """Once a parameter-server worker has left the run, TensorFlow's coordinator cannot take another
     back alone (it updates the whole cluster, and the one that left never answers)."""
-    assert decide(-9, True, True, may_restart, others_running, one_departed=True,
-                  may_restart_cluster=may_restart_cluster) == action
-    assert decide(-9, True, True, True, others_running, one_departed=False,
-                  may_restart_cluster=may_restart_cluster) == RESTART_IT  # control
+    assert decide(-9, alone=True, essential=True, may_restart=may_restart, others_running=others_running,
+                  one_departed=True, may_restart_cluster=may_restart_cluster) == action
+    assert decide(-9, alone=True, essential=True, may_restart=True, others_running=others_running,
+                  one_departed=False, may_restart_cluster=may_restart_cluster) == RESTART_IT  # control
 
 
 @pytest.mark.parametrize("strategy, states", [

@@ -3,7 +3,6 @@
 `distrain summarize DIR` (re)builds the summary of a sweep directory; `distrain stacks RUN_DIR` shows
 where each task of a running run is.
 """
-import contextlib
 import difflib
 import logging
 import os
@@ -15,16 +14,14 @@ from pathlib import Path
 
 import hydra
 from hydra import compose, initialize_config_dir
-from hydra._internal.hydra import Hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from distrain.common import storage
-from distrain.common.errors import ConfigError, print_error
+from distrain.common.errors import ConfigError, fail, print_error
 from distrain.common.lifetime import exit_now
 from distrain.common.messages import STARTED
 from distrain.common.rundir import RunDir
@@ -53,7 +50,7 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
     job, apart = None, False
     if hydra_cfg.mode == RunMode.MULTIRUN:
         apart = sweep.runs_jobs_apart(hydra_cfg.launcher)
-        job = launcher.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg), Path(hydra_cfg.sweep.dir) if apart else None)
+        job = sweep.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg), Path(hydra_cfg.sweep.dir) if apart else None)
     code = launch_apart(cfg, run_dir, job, hydra_cfg) if apart else \
         launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
     if code in INTERRUPTED and job and not apart:
@@ -93,68 +90,11 @@ def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:
     return code
 
 
-OWN_DIRS = []  # the user's config directories (--config-dir, hydra.searchpath=[file://...]), set by main()
-
-
-def options_setting_mode(base: Path, found=frozenset()) -> set:
-    """The options (group/option) of the config directory base that set hydra.mode (experiment=strategies
-    is a sweep without -m), or choose an option that does (found: those known already); "config" for
-    a primary config that does."""
-    found, texts = set(found), [(path, path.read_text()) for path in base.glob("**/*.yaml")]
-    while True:
-        more = {str(path.relative_to(base).with_suffix("")) for path, text in texts
-                if re.search(r"^\s+mode:", text, re.M) or any(
-                    re.search(rf"^\s*- (override )?/?{group}(@\S+)?: *{option}\s*(#.*)?$", text, re.M)
-                    for group, _, option in (o.rpartition("/") for o in found))}
-        if more <= found:
-            return found
-        found |= more
-
-
-MODE_OPTIONS = options_setting_mode(Path(CONFIG_DIR))  # the experiment and hparams_search presets
-
-
-def _may_set_mode(override, setting: set) -> bool:
-    """Whether an override (Hydra's parse of it) sets hydra.mode or chooses an option that does (setting:
-    group/option); a sweep of such a group's options may; pkg:// search paths are not read here."""
-    key = override.key_or_group
-    if key == "hydra.mode" or "pkg://" in override.input_line:
-        return True
-    if override.is_sweep_override():
-        return any(option.rpartition("/")[0] == key for option in setting)
-    return not override.is_delete() and f"{key}/{override.get_value_element_as_str()}" in setting
-
-
-@contextlib.contextmanager
-def mode_read_without_composing():
-    """Hydra composes the whole config once just to read hydra.mode (Hydra.get_mode), then again to run
-    it: 0.1 CPU-s, half the time of a bad input's error line. Where no config that could set the mode
-    takes part (no option of MODE_OPTIONS chosen, the user's own read alike; no hydra.mode override), the
-    mode is unset: a run, or a sweep with -m; elsewhere Hydra reads it."""
-    hydras = Hydra.get_mode
-
-    def get_mode(hydra_app, config_name, overrides: list):
-        setting = MODE_OPTIONS.union(*(options_setting_mode(Path(d), MODE_OPTIONS) for d in OWN_DIRS))
-        try:
-            parsed = OverridesParser.create().parse_overrides(overrides)
-        except HydraException:  # (Hydra says what is wrong with it)
-            return hydras(hydra_app, config_name, overrides)
-        if "config" in setting or any(_may_set_mode(override, setting) for override in parsed):
-            return hydras(hydra_app, config_name, overrides)
-        return None
-
-    Hydra.get_mode = get_mode
-    try:
-        yield
-    finally:
-        Hydra.get_mode = hydras
-
-
 def _help(root: DictConfig) -> str:
     """`--help`: how to run, the groups and their options (the user's own marked), and every key with its
     value, type and meaning."""
     options = {}
-    for base, mark in [(Path(CONFIG_DIR), ""), *((Path(d), " (yours)") for d in OWN_DIRS)]:
+    for base, mark in [(Path(CONFIG_DIR), ""), *((Path(d), " (yours)") for d in _users_dirs())]:
         for path in sorted(base.glob("*/**/*.yaml")):  # hydra/launcher too
             options.setdefault(str(path.parent.relative_to(base)), {}).setdefault(path.stem, mark)
     groups = "\n".join(f"  {group}: {', '.join(o + mark for o, mark in sorted(found.items()))}"
@@ -205,7 +145,7 @@ def _error_line(exc: Exception) -> str:
     if isinstance(cause, OmegaConfBaseException):
         option = re.match(r"In '([^']+)': ", str(exc)) if isinstance(exc, ConfigCompositionException) else None
         if option:
-            files = [d / f"{option.group(1)}.yaml" for d in (*map(Path, OWN_DIRS), Path(CONFIG_DIR))]
+            files = [d / f"{option.group(1)}.yaml" for d in (*map(Path, _users_dirs()), Path(CONFIG_DIR))]
             return f"in {next((f for f in files if f.exists()), option.group(1))}: {checking.explain(cause)}"
         return checking.explain(cause)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -249,6 +189,11 @@ def _own_dirs(flags: list, overrides: list) -> list:
         if override.startswith("hydra.searchpath="):
             own += re.findall(r"file://([^,\]\s'\"]+)", override)
     return [os.path.abspath(d) for d in own]
+
+
+def _users_dirs() -> list:
+    """The user's config directories of this command (its options first: main() puts them so)."""
+    return _own_dirs(*_flags_first(sys.argv[1:]))
 
 
 def _compose(flags: list, overrides: list) -> DictConfig:
@@ -334,8 +279,7 @@ def _unwritten(exc: OSError, command: str | None, overrides: list) -> str:
     if storage.is_full(exc):
         named = [o.split("=", 1)[1] for o in overrides if o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
         where = exc.filename or (named or ["."])[-1]  # (Hydra's own writes name no file)
-        return (f"the disk holding {os.path.abspath(where)} is full (the filesystem at {storage.mount_point(where)}): "
-                "free space, or set hydra.run.dir (hydra.sweep.dir for sweeps) to a larger disk")
+        return storage.full_disk_line(Path(os.path.abspath(where)), None, started=False)
     if command:  # (evaluate, predict, write-tfrecords: their own files)
         return f"{exc.filename or 'a file'} cannot be written ({exc.strerror}): check that you can write there"
     return (f"the run directory cannot be created or written ({exc.strerror}: {exc.filename}): set hydra.run.dir "
@@ -362,7 +306,6 @@ def main() -> None:
     command, run_dirs = _command()
     flags, overrides = _flags_first(sys.argv[1:])
     sys.argv[1:] = flags + overrides
-    OWN_DIRS[:] = _own_dirs(flags, overrides)
     try:
         if meant := _not_an_override(overrides):
             raise ConfigError(meant)
@@ -373,11 +316,9 @@ def main() -> None:
                 exit_now(code)
             sys.exit(code)
         if not (_quick_help(flags, overrides) or _printed_config(flags, overrides)):
-            with mode_read_without_composing():
-                run()
+            run()
     except ConfigError as exc:
-        print_error(str(exc))
-        sys.exit(2)
+        sys.exit(fail(exc))
     except (HydraException, OmegaConfBaseException) as exc:
         if full_error:
             raise

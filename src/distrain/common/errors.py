@@ -1,4 +1,5 @@
-"""The errors that end a run with one line (exit status 2), not a traceback."""
+"""The errors that end a run with one line (exit status 2), not a traceback, and the one way each is said."""
+import re
 import sys
 
 from distrain.common.messages import error_line
@@ -31,3 +32,16 @@ def print_error(message: str) -> None:
     while this line is printed) would join it, hiding it among their output."""
     sys.stderr.write(error_line(message) + "\n")
     sys.stderr.flush()
+
+
+def fail(exc: Exception) -> int:
+    """Say an error that ends a command in one line (`error: ...`); returns the exit status for it, 2."""
+    print_error(str(exc))
+    return 2
+
+
+def first_line(text: str, limit: int | None = 200) -> str:
+    """What one line can say of an error's text: its first line without TensorFlow's {{function_node ...}}
+    tags, cut to `limit` characters."""
+    lines = re.sub(r"\{\{[^}]*\}\}", "", text).strip().splitlines()
+    return lines[0][:limit] if lines else ""

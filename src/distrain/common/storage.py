@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from distrain.common.errors import ConfigError
+
 log = logging.getLogger("distrain")
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -86,17 +88,25 @@ def mount_point(path: Path) -> Path:
     return path
 
 
-def full_disk_line(path: Path, checkpoints: Path | None) -> str:
+def full_disk(exc: BaseException, path: Path, checkpoints: Path | None) -> ConfigError | None:
+    """A full disk (`exc`, or an error that caused it) as the one line that says so; None for any other
+    error. path: the run's directory (the line names the disk of the file that failed, else this one)."""
+    return ConfigError(full_disk_line(where(exc, path), checkpoints)) if is_full(exc) else None
+
+
+def full_disk_line(path: Path, checkpoints: Path | None, started: bool = True) -> str:
     """The one line for a full disk: which, what was kept (checkpoints: where the run keeps them, None
-    if it keeps none), how to go on."""
+    if it keeps none), how to go on. started=False: nothing of a run was written yet (Hydra's own files)."""
+    disk = f"the disk holding {path} is full (the filesystem at {mount_point(path)})"
+    if not started:
+        return f"{disk}: free space, or set hydra.run.dir (hydra.sweep.dir for sweeps) to a larger disk"
     latest = latest_checkpoint(checkpoints)
     if latest:
         kept, then = f"the latest complete checkpoint is {latest} (in {checkpoints})", "go on with trainer.resume=true"
     else:
         kept = "no checkpoint was completed" if checkpoints else "nothing was saved (trainer.save_model=false)"
         then = "run it again"
-    return (f"the disk holding {path} is full (the filesystem at {mount_point(path)}): {kept}; free space, or "
-            f"move the run to a larger disk, then {then}")
+    return f"{disk}: {kept}; free space, or move the run to a larger disk, then {then}"
 
 
 def remove_partial(*directories: Path | None) -> None:

@@ -41,7 +41,7 @@ def _example(schema, name: str):
     return "[]" if value == [] else value
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, Enum):
@@ -80,7 +80,7 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     kind, example = _kind(schema, name), _example(schema, name)
     if kind.startswith("a list") and isinstance(exc.value, str):
         example = f"[{exc.value}]"  # one address given where a list of them is meant
-    return f"{full}={_shown(exc.value)} must be {kind}: set e.g. {full}={example}"
+    return f"{full}={shown(exc.value)} must be {kind}: set e.g. {full}={example}"
 
 
 def _close_key(group: str, node: DictConfig, name: str) -> str:
@@ -182,7 +182,7 @@ def check(cfg: DictConfig) -> DictConfig:
         for f in dataclasses.fields(schema):
             value, rule = node[f.name], f.metadata.get("check")
             if rule and value is not None and not rule.ok(value):
-                raise ConfigError(f"{group}.{f.name}={_shown(value)} {rule.says}: "
+                raise ConfigError(f"{group}.{f.name}={shown(value)} {rule.says}: "
                                   f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
         checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
     for group, (example, _) in ENTRIES.items():
@@ -215,7 +215,7 @@ def describe(cfg: DictConfig) -> str:
     """Every key of the composed config: its value, type and meaning (for --help)."""
     def line(schema, name: str, value, indent: str) -> str:
         doc = {f.name: f for f in dataclasses.fields(schema)}[name].metadata.get("doc", "")
-        return f"{indent}{name}: {_shown(value) if value is not None else 'null'}  ({_kind(schema, name)}) {doc}"
+        return f"{indent}{name}: {shown(value) if value is not None else 'null'}  ({_kind(schema, name)}) {doc}"
 
     lines = []
     for group in SCHEMAS:
@@ -227,7 +227,7 @@ def describe(cfg: DictConfig) -> str:
         keys = {**_defaults(schema), **keys}  # (a replaced option's keys are gone: the new class's defaults)
         lines.append(f"{group}:")
         lines += [line(schema, f.name, keys.get(f.name), "  ") for f in dataclasses.fields(schema)]
-        lines += [f"  {k}: {_shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
+        lines += [f"  {k}: {shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
     for group in ENTRIES:
         lines.append(f"{group}:  (named entries: a tf_keras class each, and its arguments)")
         for name, entry in (cfg.get(group) or {}).items():

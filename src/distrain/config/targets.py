@@ -10,7 +10,7 @@ from hydra.utils import get_object
 
 from distrain.common.errors import ConfigError
 from distrain.config.schema import OWN
-from distrain.config.schema_check import ENTRIES, _shown, split
+from distrain.config.schema_check import ENTRIES, shown, split
 
 # Keyword arguments a Keras base class takes through **kwargs and checks itself (tf_keras, tensorflow).
 CHECKED_BY_ITSELF = ("tf_keras.", "keras.", "tensorflow.")
@@ -89,6 +89,6 @@ def _check(key: str, target: str, arguments: dict) -> None:
             continue
         listed = ", ".join(sorted(names - GIVEN.get(key, set()))) or "none"
         close = difflib.get_close_matches(argument, sorted(names), n=1, cutoff=0.6)
-        fix = f"set {key}.{close[0]}={_shown(value)} instead" if close else \
+        fix = f"set {key}.{close[0]}={shown(value)} instead" if close else \
             f"drop {key}.{argument}, or name a class that takes it"
         raise ConfigError(f"{key}.{argument} is not an argument of {target} (it takes {listed}): {fix}")

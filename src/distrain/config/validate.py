@@ -335,7 +335,7 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
                           "set hydra.run.dir to the run directory to resume, e.g. outputs/DATE/TIME")
     check_same_run(cfg, saved, saved_path, overrides)
     merged = OmegaConf.merge(saved, {"trainer": {"resume": True}})
-    for key in _keys(overrides):
+    for key in override_keys(overrides):
         if key in RESUME_MAY_CHANGE:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key))
     if not RunDir(run_dir, merged).has_checkpoint():
@@ -347,7 +347,7 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
 def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrides: list) -> None:
     """A ConfigError if one of this command's overrides contradicts the run whose config, `saved`, is at
     saved_path (but for the keys a resume may change)."""
-    for override, key in zip(overrides, _keys(overrides)):
+    for override, key in zip(overrides, override_keys(overrides)):
         if key.startswith("hydra") or key in RESUME_MAY_CHANGE:
             continue
         mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(saved, key)
@@ -358,5 +358,5 @@ def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrid
                               f"({saved_path}): drop the override, or start a new run without trainer.resume")
 
 
-def _keys(overrides: list) -> list:
+def override_keys(overrides: list) -> list:
     return [override.split("=", 1)[0].lstrip("+~") for override in overrides]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from distrain.common import storage
-from distrain.common.errors import ConfigError, print_error
+from distrain.common.errors import ConfigError, fail, print_error
 from distrain.config.schema import FILE_SOURCES
 
 USAGE = ("distrain write-tfrecords [--config-dir DIR] [data=... overrides] out=DIR [shards=N] [encoding=png|raw]   "
@@ -127,8 +127,7 @@ def _write(cfg, out: Path, shards: int, raw: bool) -> int:
         cfg.data.source = source
         (x_train, y_train), (x_test, y_test) = data.load(cfg.data, cfg.trainer.seed)
     except ConfigError as exc:
-        print_error(str(exc))
-        return 2
+        return fail(exc)
     for split, (x, y) in (("train", (x_train, y_train)), ("test", (x_test, y_test))):
         paths = write(x, y, out, split, min(shards, len(y)), raw)
         print(f"{split}: {len(y)} examples in {len(paths)} file(s) {out / split}-*.tfrecord", flush=True)

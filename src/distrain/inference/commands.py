@@ -23,7 +23,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from distrain.common import cpu, storage
-from distrain.common.errors import ConfigError, print_error
+from distrain.common.errors import ConfigError, fail, first_line, print_error
 from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.inference import cluster_parts as parts
@@ -67,8 +67,7 @@ def main(command: str, argv: list, compose, help: bool = False, multirun: bool =
         if len(jobs) == 1:
             return 0 if one(command, *jobs[0], options, compose) else 2
     except ConfigError as exc:
-        print_error(str(exc))
-        return 2
+        return fail(exc)
     return several(command, jobs, options, compose, varied)
 
 
@@ -87,10 +86,10 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
                 tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"), \
                 parts.Cluster(cfg, run_dir, command) if _clustered(cfg) else contextlib.nullcontext() as cluster:
             if command == "evaluate":
-                return evaluate(cfg, run_dir, options, changed, cluster)
-            return predict(cfg, run_dir, options, out, changed, cluster)
+                return evaluate_run(cfg, run_dir, options, changed, cluster)
+            return predict_run(cfg, run_dir, options, out, changed, cluster)
     except ConfigError as exc:
-        print_error(str(exc))
+        fail(exc)
         return {}
 
 
@@ -121,7 +120,7 @@ def several(command: str, jobs: list, options: dict, compose, varied: list) -> i
         try:
             found = one(command, run, overrides, mine, compose)
         except Exception as exc:  # noqa: BLE001 - one failed job is a recorded failure, not the end of the sweep
-            print_error(f"job #{n} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            print_error(f"job #{n} failed: {type(exc).__name__}: {first_line(str(exc), 300)}")
             found = {}
         rows.append({"#": n, "run": str(run), **values, "status": "ok" if found else "failed", **found})
         keras.backend.clear_session()
@@ -170,16 +169,16 @@ def _out(options: dict, exists_ok: bool = False) -> Path:
 
 
 def _data_changed(overrides: list) -> bool:
-    from distrain.config.validate import _keys
+    from distrain.config.validate import override_keys
 
-    return any(key.split(".")[0] == "data" for key in _keys(overrides))
+    return any(key.split(".")[0] == "data" for key in override_keys(overrides))
 
 
 def settle(run_dir: Path, compose, overrides: list):
     """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
     a run would compose it), checked."""
     from distrain.common.topology import Topology
-    from distrain.config.validate import _keys, validate
+    from distrain.config.validate import override_keys, validate
 
     saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
@@ -187,7 +186,7 @@ def settle(run_dir: Path, compose, overrides: list):
                           "outputs/DATE/TIME")
     merged = OmegaConf.load(saved_path)
     asked = compose(overrides)
-    for key in _keys(overrides):
+    for key in override_keys(overrides):
         if not key.startswith("hydra"):
             OmegaConf.update(merged, key, OmegaConf.select(asked, key), merge=False)
     cfg = validate(merged)
@@ -270,15 +269,15 @@ def restore(model, run_dir: Path, cfg, checkpoint: str | None) -> str:
         tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as exc:
         raise ConfigError(f"checkpoint {path} does not fit the model of the run's config "
-                          f"({str(exc).splitlines()[0][:200]}): name a checkpoint of this run") from None
+                          f"({first_line(str(exc))}): name a checkpoint of this run") from None
     return f"checkpoint {path}"
 
 
-def evaluate(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=None) -> int:
+def evaluate_run(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=None) -> int:
     """The run's loss and metrics on the data's test split: one line, and evaluations/<name>.json. On a
     cluster, the tasks compute the outputs (parts.py) and this process the figures from them, as Keras's
     evaluate() computes them from its test_step's."""
-    from distrain.task.training import evaluate as keras_evaluate
+    from distrain.task.training import keras_evaluate
 
     data, model, _, said = load(cfg, run_dir, options, data_changed)
     start = time.perf_counter()
@@ -339,7 +338,7 @@ def _free(directory: Path, name: str) -> Path:
     return path
 
 
-def predict(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool, cluster=None) -> int:
+def predict_run(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool, cluster=None) -> int:
     """The model's outputs for every example of the data's test split, in order, into out (.npz: the
     outputs as predict() gives them, and each example's index; .csv: a row per example; .tfrecord: an
     Example per input, its index, source and outputs)."""

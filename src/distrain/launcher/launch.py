@@ -12,17 +12,14 @@ import signal
 import sys
 import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import portpicker
-from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
 from distrain.common import cpu, storage
-from distrain.common.errors import ConfigError, print_error
+from distrain.common.errors import ConfigError, fail, print_error
 from distrain.common.messages import RESTARTS_CLUSTER, SCRATCH, STARTED, error_line
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
@@ -33,72 +30,9 @@ from distrain.launcher import forkserver
 from distrain.launcher.restarts import Restarts
 from distrain.launcher.supervisor import Outcome, TaskProcess, run_tasks
 from distrain.report import results as report
-from distrain.report import sweep
-from distrain.report.sweep import split_override
+from distrain.report.sweep import Job, split_override
 
 log = logging.getLogger("distrain")
-
-
-@dataclass
-class Job:
-    """Where a run stands in a sweep: its number, and its overrides of the keys the sweep varies
-    (e.g. ["cluster.workers=2"]). sweep_dir: for a job in a process of its own, where the jobs tell each
-    other that the sweep was interrupted (sweep.SweepSummary)."""
-    num: int
-    overrides: list = field(default_factory=list)
-    sweep_dir: Path | None = None
-
-    def stopped_by(self) -> int | None:
-        """The signal that interrupted the sweep, as one of its jobs said, or None."""
-        return sweep.stopped_by(self.sweep_dir) if self.sweep_dir else None
-
-    def say_stopped(self, signum: int) -> None:
-        if self.sweep_dir:
-            sweep.say_stopped(self.sweep_dir, signum)
-
-    @property
-    def swept(self) -> str:
-        return " ".join(self.overrides)
-
-    @property
-    def values(self) -> dict:
-        """The swept values, {key: value}."""
-        return dict(map(split_override, self.overrides))
-
-    def __str__(self) -> str:
-        return f"#{self.num}" + (f" ({self.swept})" if self.swept else "")
-
-
-class KeepEarlierRuns(Callback):
-    """Hydra callback (conf/config.yaml): a run into a directory that holds a run, or a sweep into one
-    that holds a sweep, is refused before Hydra writes anything there, unless trainer.resume says to go
-    on with it. (Hydra's default directories, named by the clock, never hold one.)"""
-
-    def on_run_start(self, config, **kwargs) -> None:
-        run_dir = Path(config.hydra.run.dir)
-        earlier = RunDir(run_dir).earlier_run()
-        if earlier is None or config.trainer.resume:
-            return
-        if not Topology.of(config).local and RunDir(run_dir).ended() in (None, "running"):
-            return  # the tasks of a real cluster may share a run directory, which each starts
-        _refuse(f"hydra.run.dir={run_dir} holds a run already, which {earlier}: go on with it with "
-                f"trainer.resume=true, set another hydra.run.dir, or remove {run_dir}")
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = [path.parent for path in sweep_dir.glob("*/config.yaml")]
-        if jobs and not config.trainer.resume:
-            ends = Counter(RunDir(job).ended() or "unrecorded" for job in jobs)
-            _refuse(f"hydra.sweep.dir={sweep_dir} holds a sweep already ({len(jobs)} job(s): "
-                    f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
-                    "trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove "
-                    f"{sweep_dir}")
-
-
-def _refuse(error: str):
-    """Stop the command (a callback's exceptions are only warnings to Hydra)."""
-    print_error(error)
-    sys.exit(2)
 
 
 def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
@@ -129,8 +63,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         _write_config(cfg, run, found)
         config = OmegaConf.to_container(cfg, resolve=True)
     except ConfigError as exc:
-        print_error(str(exc))
-        return _finish(Outcome(2, "failed", error_line(exc)), run, config, job)
+        return _finish(Outcome(fail(exc), "failed", error_line(exc)), run, config, job)
     log.info("data: %s from source %s (%s)", schema.label(cfg.data), cfg.data.source, found.how if found else why)
     (logging.getLogger("distrain.config") if job else log).info(
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
@@ -252,8 +185,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
             try:
                 cfg = _resuming(cfg, run)
             except ConfigError as exc:  # (a full disk)
-                print_error(str(exc))
-                return Outcome(2, "failed", error_line(exc))
+                return Outcome(fail(exc), "failed", error_line(exc))
 
 
 def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) -> tuple[dict, list]:
@@ -307,8 +239,7 @@ def _keep(cfg, run: RunDir, job: Job | None, overrides) -> int:
     try:
         check_same_run(cfg, OmegaConf.load(run.config), run.config, list(overrides))
     except ConfigError as exc:
-        print_error(str(exc))
-        return 2
+        return fail(exc)
     results = run.read_results()
     log.info(
         "%s: kept (ok%s)%s",
@@ -328,9 +259,9 @@ def _write_config(cfg, run: RunDir, found=None) -> None:
         if found:
             run.write_data(found.to_json())
     except OSError as exc:
-        if not storage.is_full(exc):
+        if (full := storage.full_disk(exc, run.path, run.kept_checkpoints)) is None:
             raise
-        raise ConfigError(storage.full_disk_line(run.path, run.kept_checkpoints)) from exc
+        raise full from exc
 
 
 def _resuming(cfg, run: RunDir):

@@ -12,7 +12,7 @@ log = logging.getLogger("distrain")
 GO_ON, RESTART_IT, LEAVE, RESTART_CLUSTER, FAIL = "go on", "restart it", "leave", "restart the cluster", "fail"
 
 
-def decide(code: int, alone: bool, essential: bool, may_restart: bool, others_running: bool = False,
+def decide(code: int, *, alone: bool, essential: bool, may_restart: bool, others_running: bool = False,
            one_departed: bool = False, may_restart_cluster: bool = False) -> str:
     """What a task's end means for the run. code: its exit status (1 if it hung); alone: it can be
     restarted on its own (a parameter-server worker); essential: the run cannot go on without it (not

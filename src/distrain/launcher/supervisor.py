@@ -359,8 +359,9 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
         changed("running")
         others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None]
         gone = restarts.gone() if restarts else []
-        action = decide(code, task.alone, task.essential, bool(restarts and restarts.may_restart(task)), bool(others),
-                        bool(gone), bool(restarts and restarts.may_restart_cluster()))
+        action = decide(code, alone=task.alone, essential=task.essential,
+                        may_restart=bool(restarts and restarts.may_restart(task)), others_running=bool(others),
+                        one_departed=bool(gone), may_restart_cluster=bool(restarts and restarts.may_restart_cluster()))
         if task.alone and action == RESTART_CLUSTER:
             why += (f" ({', '.join(gone)} left the run, and TensorFlow's coordinator takes a worker back only once "
                     "every worker answers)")

@@ -9,6 +9,7 @@ import io
 import signal
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -33,6 +34,36 @@ MEASURES = [  # summary column <- results.json key
 FORMATS = {"examples_per_sec": "{:,.0f}", "steps_per_sec": "{:.1f}", "speedup": "{:.2f}", "efficiency": "{:.2f}",
            "test_accuracy": "{:.4f}", "test_loss": "{:.4f}", "train_seconds": "{:.1f}", "input": "{:.2f}",
            "compute": "{:.2f}", "communication": "{:.2f}", "peak_rss_mib": "{:,.0f}"}
+
+
+@dataclass
+class Job:
+    """Where a run stands in a sweep: its number, and its overrides of the keys the sweep varies
+    (e.g. ["cluster.workers=2"]). sweep_dir: for a job in a process of its own, where the jobs tell each
+    other that the sweep was interrupted (sweep.SweepSummary)."""
+    num: int
+    overrides: list = field(default_factory=list)
+    sweep_dir: Path | None = None
+
+    def stopped_by(self) -> int | None:
+        """The signal that interrupted the sweep, as one of its jobs said, or None."""
+        return stopped_by(self.sweep_dir) if self.sweep_dir else None
+
+    def say_stopped(self, signum: int) -> None:
+        if self.sweep_dir:
+            say_stopped(self.sweep_dir, signum)
+
+    @property
+    def swept(self) -> str:
+        return " ".join(self.overrides)
+
+    @property
+    def values(self) -> dict:
+        """The swept values, {key: value}."""
+        return dict(map(split_override, self.overrides))
+
+    def __str__(self) -> str:
+        return f"#{self.num}" + (f" ({self.swept})" if self.swept else "")
 
 
 STOPPED = ".interrupted"  # in a sweep's directory: the signal that interrupted it, as its jobs say

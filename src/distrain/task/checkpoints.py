@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from distrain.common.errors import ConfigError
+from distrain.common.errors import ConfigError, first_line
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Checkpoints:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
                 progress = Progress(**json.loads(self.position.numpy().decode()))
             except Exception as exc:  # noqa: BLE001 - truncated files fail in many ways; each is "cannot be resumed"
-                skipped.append((Path(path).name, str(exc).strip().splitlines()[0][:200]))
+                skipped.append((Path(path).name, first_line(str(exc))))
                 continue
             if skipped:
                 print(f"warning: skipped unreadable checkpoint(s) {'; '.join(f'{n} ({why})' for n, why in skipped)}: "

@@ -12,7 +12,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.common.errors import FINAL, print_error
+from distrain.common.errors import FINAL, fail
 from distrain.common.lifetime import die_with_parent, exit_now
 from distrain.common.messages import say_ready
 from distrain.common.rundir import RunDir
@@ -69,8 +69,7 @@ def main(argv=None) -> int:
             print(f"{lost}: the launcher restarts the cluster, which goes on with the parts not written", flush=True)
             os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except FINAL as exc:
-        print_error(str(exc))
-        return 2
+        return fail(exc)
     if ps:  # the coordinator: all is written
         sys.stderr.flush()
         os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task

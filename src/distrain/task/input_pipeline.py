@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from distrain.common.errors import ConfigError
+from distrain.common.errors import ConfigError, first_line
 from distrain.data import files
 from distrain.task.worker_idx import read_train_files
 
@@ -93,12 +93,12 @@ def _numbered_records(f) -> tf.data.Dataset:
 
 class ArraySource:
     """Arrays in memory (data.load()), each batch gathered and normalised from them by index. Under
-    parameter servers a worker reads them itself where they are `files` (cfg.data where it is IDX
+    parameter servers a worker reads them itself where they are `idx_files` (cfg.data where it is IDX
     files, or data.TemporaryIdx), checked against the coordinator's fingerprints `expect`."""
 
-    def __init__(self, images, labels, files=None, expect=None):
+    def __init__(self, images, labels, idx_files=None, expect=None):
         self.images, self.labels = images, labels
-        self.files, self.expect = files, expect  # (held for the run: `files` may own them, TemporaryIdx)
+        self.idx_files, self.expect = idx_files, expect  # (held for the run: they may own them, TemporaryIdx)
 
     def test(self, cfg, ranges: list | None = None) -> tf.data.Dataset:
         take = _indices(ranges) if ranges else slice(None)
@@ -107,7 +107,7 @@ class ArraySource:
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
         t, shuffle = cfg.trainer, cfg.data.shuffle_buffer
         if part.own:
-            on_worker = read_train_files(self.files or cfg.data, (self.images, self.labels), self.expect)
+            on_worker = read_train_files(self.idx_files or cfg.data, (self.images, self.labels), self.expect)
             return make_dataset(*(on_worker or (self.images, self.labels)), part.batch, seed=t.seed,
                                 shuffle_buffer=shuffle, repeat=True, shard=(part.pipelines, part.index),
                                 n=len(self.labels))
@@ -115,14 +115,14 @@ class ArraySource:
         # exactly the one a single device would take. Every step is a full global batch (the remainder
         # is dropped).
         return make_dataset(self.images, self.labels, t.batch_size, seed=t.seed, drop_remainder=True, repeat=True,
-                            shuffle_buffer=shuffle, skip=skip, part=(part.index, part.pipelines))
+                            shuffle_buffer=shuffle, skip=skip, part=(part.pipelines, part.index))
 
     def sharding_line(self, pipelines: int) -> str:
         return ""
 
 
-def array_reader(images, labels, cfg, *, files=None, expect=None, **kwargs) -> InputReader:
-    return InputReader(ArraySource(images, labels, files, expect), cfg, **kwargs)
+def array_reader(images, labels, cfg, *, idx_files=None, expect=None, **kwargs) -> InputReader:
+    return InputReader(ArraySource(images, labels, idx_files, expect), cfg, **kwargs)
 
 
 def file_reader(found, cfg, **kwargs) -> InputReader:
@@ -164,12 +164,12 @@ class FileSource:
     def train(self, part: Part, cfg, skip: int) -> tf.data.Dataset:
         t, found, data = cfg.trainer, self.found, self.data
         pipelines, index, batch = part.pipelines, part.index, part.batch
-        files, labels = list(found.train_files), list(found.train_labels)
+        paths, labels = list(found.train_files), list(found.train_labels)
         order = t.seed if data.shuffle_buffer else None  # (the files in a new seeded order each pass)
-        if pipelines > 1 and len(files) >= pipelines:  # FILE: files index, index + pipelines, ...
-            ds = self._records(files, labels, order, shard=(pipelines, index), check=part.own)
+        if pipelines > 1 and len(paths) >= pipelines:  # FILE: files index, index + pipelines, ...
+            ds = self._records(paths, labels, order, shard=(pipelines, index), check=part.own)
         else:  # DATA: every file, one record in `pipelines`
-            ds = self._records(files, labels, order, check=part.own)
+            ds = self._records(paths, labels, order, check=part.own)
             if pipelines > 1:
                 ds = ds.shard(pipelines, index)
         cache = data.get("cache")
@@ -212,22 +212,22 @@ class FileSource:
 
     def sharding_line(self, pipelines: int) -> str:
         """How `pipelines` input pipelines share the training files, in one line."""
-        files = len(self.found.train_files)
-        warning = "" if files >= pipelines else "warning: "
+        count = len(self.found.train_files)
+        warning = "" if count >= pipelines else "warning: "
         return f"{warning}input: {pipelines} pipelines (one per worker), sharded by " + (
-            f"FILE: each reads {files // pipelines}{'' if files % pipelines == 0 else f' or {files // pipelines + 1}'} "
-            f"of the {files} training files"
-            if files >= pipelines else f"DATA: each reads all {files} training file(s) and keeps 1 record in "
+            f"FILE: each reads {count // pipelines}{'' if count % pipelines == 0 else f' or {count // pipelines + 1}'} "
+            f"of the {count} training files"
+            if count >= pipelines else f"DATA: each reads all {count} training file(s) and keeps 1 record in "
             f"{pipelines} (fewer files than workers; as many files as workers would spare the reading)")
 
-    def _records(self, files: list, labels: list, seed: int | None = None, shard=None,
+    def _records(self, paths: list, labels: list, seed: int | None = None, shard=None,
                  check: bool = False, in_order: bool = False) -> tf.data.Dataset:
         """Image files: (path, label) pairs; TFRecord files: (file, index, serialized record), interleaved.
         seed: the files in a new order each pass, seeded (None: in order). shard: (pipelines, this one), of
         the files. in_order: one file after the other, else several interleaved (the training's).
         check: a parameter-server worker's, which first checks that it sees the coordinator's files."""
         images = self.found.kind == "images"
-        slices = (files, tf.constant(labels, tf.int32)) if images else files
+        slices = (paths, tf.constant(labels, tf.int32)) if images else paths
         if check:  # a parameter-server worker, before it reads any
             ds = tf.data.Dataset.from_tensors(0).map(unconverted(lambda _: self._same_files())).flat_map(
                 unconverted(lambda _: tf.data.Dataset.from_tensor_slices(slices)))
@@ -236,11 +236,11 @@ class FileSource:
         if shard is not None:
             ds = ds.shard(*shard)
         if seed is not None:
-            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
         if images:
             return ds
         return ds.interleave(unconverted(_numbered_records),
-                             cycle_length=1 if in_order else min(len(files), 8), block_length=1,
+                             cycle_length=1 if in_order else min(len(paths), 8), block_length=1,
                              num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
 
@@ -354,11 +354,11 @@ def bad_data(exc: Exception) -> ConfigError | None:
         return ConfigError(said.group(1).replace('\\"', '"').replace("\\'", "'"))
     if re.search(r"Invalid PNG data|jpeg|Invalid JPEG|Input size should match|decode", exc.message, re.I) and \
             "Decode" in exc.message:
-        first = re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0][:200]
+        first = first_line(exc.message)
         return ConfigError(f"an image of the data files does not decode ({first}): find it with Pillow (PIL.Image"
                            ".open(path).load()) and replace or remove it")
     if isinstance(exc, tf.errors.DataLossError):  # TFRecordDataset's framing or checksum, after the scan
-        first = re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0][:200]
+        first = first_line(exc.message)
         return ConfigError(f"a TFRecord file of the data is corrupted or cut short ({first}): it changed after the "
                            "launcher read its headers, or differs on this task's machine; rewrite it, and run again "
                            "(the launcher names a file cut short)")
@@ -372,7 +372,7 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
     options).
 
     Shuffling indices rather than images is cheap, and lets a worker build only its own part of
-    each batch: part=(i, n) keeps slice i of n of every batch, in order, so n sync workers together
+    each batch: part=(n, i) keeps slice i of n of every batch, in order, so n sync workers together
     see exactly the batches one device would. shard=(n, i) keeps every n-th example instead
     (parameter-server workers, each reading its own share). The arrays live in memory as tensors,
     which is the cache: nothing is decoded twice.
@@ -390,7 +390,7 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
     if skip:  # a resumed run: the batches already trained, passed over as indices (cheap)
         ds = ds.skip(skip)
     if part is not None:
-        i, parts = part
+        parts, i = part  # (n, i), as shard and tf.data's shard(num_shards, index)
         size = batch_size // parts
         ds = ds.map(unconverted(lambda idx: idx[i * size:(i + 1) * size]))
     pixels = images.dtype == tf.uint8  # scaled to [0, 1]; float images are taken as they are

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
 from distrain.common import storage
-from distrain.common.errors import FINAL, ConfigError, PeerLost, print_error
+from distrain.common.errors import FINAL, ConfigError, PeerLost, fail, print_error
 from distrain.common.lifetime import Preempted, Preemption, die_with_parent
 from distrain.common.messages import RESTARTS_CLUSTER, say_ready
 from distrain.common.rundir import RunDir
@@ -32,53 +32,23 @@ def main(argv=None) -> int:
     config_path = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(config_path)
     run = RunDir(config_path.parent, cfg)
-    context = RunContext.of(run, cfg)
     try:
-        if Topology.of(cfg).clustered:  # TF_CONFIG, read here alone
-            context = RunContext.of(run, cfg, *cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"),
-                                                                         cfg.strategy.name))
-            task = context.task
-            if task.type == "evaluator":
-                return evaluate(cfg, context)
+        context = RunContext.of(run, cfg, *_place_in_cluster(cfg))
+        task = context.task
+        if task and task.type == "evaluator":
+            return run_evaluator(cfg, context)
+        if task:
             cluster_lib.check_port_free(task)
             if context.topology.parameter_servers and task.type in ("ps", "worker"):
                 return serve(context, cfg.cluster.name == "slurm", cfg.cluster.startup_timeout)
-        # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
-        from distrain.config.targets import check_arguments
-        from distrain.task.input_pipeline import bad_data
-        from distrain.task.strategy import configure_devices, make_strategy
-        from distrain.task.training import train
-        from distrain.task.worker_idx import unreadable_on_worker
-
-        one_line_records()
-        check_arguments(cfg)  # each _target_ given only what it takes: before any device, peer or data
-
-        if context.task and context.topology.parameter_servers:  # the coordinator: up once its ps and workers are
-            cluster_lib.wait_for_peers(cluster_lib.peers(context.cluster, context.task))
-        configure_devices(cfg.strategy)
-        strategy = make_strategy(cfg.strategy, context, cfg.cluster.peer_timeout if context.task else None)
-        context.know_strategy(strategy)
-        if context.task:
-            say_ready(context.task)
-        Preemption.watch(strategy if context.topology.clustered and context.topology.synchronous else None)
-        try:
-            results, _ = train(cfg, context.run.path, strategy, context)
-            if context.chief:
-                context.run.write_results(results)
-        except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
-            translated = lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or bad_data(exc) or \
-                full_disk(exc, context.run, clean=context.chief)
-            if translated is None:
-                raise
-            raise translated from exc
+        results = train_here(cfg, context)
     except FINAL as exc:
-        print_error(str(exc))
-        return 2
+        return fail(exc)
     except PeerLost as exc:
         say_peer_lost(exc, cfg)
         os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except Preempted as exc:
-        say_preempted(exc, cfg, context.run)
+        say_preempted(exc, cfg, run)
         return 128 + signal.SIGTERM
     if context.chief:
         print(report.summary_line(results), flush=True)
@@ -88,6 +58,47 @@ def main(argv=None) -> int:
         sys.stderr.flush()
         os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (runners.KEPT)
     return 0
+
+
+def _place_in_cluster(cfg) -> tuple:
+    """(cluster spec, this task) from TF_CONFIG, read here alone; () for a process alone."""
+    if not Topology.of(cfg).clustered:
+        return ()
+    return cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+
+
+def train_here(cfg, context: RunContext) -> dict:
+    """The training of this process (one process, a synchronous worker, or the parameter servers'
+    coordinator): its results, written by the chief. Errors that have a line of their own are raised
+    as one (FINAL, PeerLost)."""
+    # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
+    from distrain.config.targets import check_arguments
+    from distrain.task.input_pipeline import bad_data
+    from distrain.task.strategy import configure_devices, make_strategy
+    from distrain.task.training import train
+    from distrain.task.worker_idx import unreadable_on_worker
+
+    one_line_records()
+    check_arguments(cfg)  # each _target_ given only what it takes: before any device, peer or data
+    if context.task and context.topology.parameter_servers:  # the coordinator: up once its ps and workers are
+        cluster_lib.wait_for_peers(cluster_lib.peers(context.cluster, context.task))
+    configure_devices(cfg.strategy)
+    strategy = make_strategy(cfg.strategy, context, cfg.cluster.peer_timeout if context.task else None)
+    context.know_strategy(strategy)
+    if context.task:
+        say_ready(context.task)
+    Preemption.watch(strategy if context.topology.clustered and context.topology.synchronous else None)
+    try:
+        results, _ = train(cfg, context.run.path, strategy, context)
+        if context.chief:
+            context.run.write_results(results)
+        return results
+    except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
+        translated = lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or bad_data(exc) or \
+            full_disk(exc, context.run, clean=context.chief)
+        if translated is None:
+            raise
+        raise translated from exc
 
 
 def say_peer_lost(exc: PeerLost, cfg) -> None:
@@ -142,14 +153,12 @@ def lost_peer(exc: Exception, cfg) -> PeerLost | None:
 def full_disk(exc: Exception, run: RunDir, clean: bool = False) -> ConfigError | None:
     """A full disk, as one line saying what was kept; else None. clean: this task writes the run
     directory (the chief), and removes the files the full disk cut short."""
-    if not storage.is_full(exc):
-        return None
-    if clean:
+    if clean and storage.is_full(exc):
         storage.remove_partial(run.path, run.checkpoints)
-    return ConfigError(storage.full_disk_line(storage.where(exc, run.path), run.kept_checkpoints))
+    return storage.full_disk(exc, run.path, run.kept_checkpoints)
 
 
-def evaluate(cfg, context: RunContext) -> int:
+def run_evaluator(cfg, context: RunContext) -> int:
     """The evaluator task: no server, no strategy; it reads the chief's checkpoints as they appear."""
     from distrain.task.evaluator import evaluate_checkpoints
 
@@ -167,7 +176,7 @@ def evaluate(cfg, context: RunContext) -> int:
 def one_line_records() -> None:
     """Each record of TensorFlow's Python logger once, on one line: a report of several lines (a function
     the coordinator retries, with its causes) is then noise or not as a whole, by its first words
-    (supervisor.NOISE), and stays whole in the task's log."""
+    (task_log.is_noise, in the launcher), and stays whole in the task's log."""
     import logging
 
     import tensorflow as tf

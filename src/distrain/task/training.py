@@ -10,7 +10,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from distrain.common import cpu, storage
-from distrain.common.errors import ConfigError, Diverged
+from distrain.common.errors import ConfigError, Diverged, first_line
 from distrain.common.lifetime import Preempted, Preemption, scratch
 from distrain.common.rundir import RunDir
 from distrain.config import schema
@@ -91,23 +91,31 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
                validate, callbacks, profile)
-    # What the input pipeline delivers alone, read for a moment (1% of the training time) on the chief
+    model, test, facts = finish(cfg, context, data, runner, model, rebuild, probabilities, compiled, progress)
+    if not chief:
+        shutil.rmtree(out.path, ignore_errors=True)
+    return report.results(cfg, data, progress, test, facts | about(model, probabilities, policy)), model
+
+
+def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities: bool, compiled: bool,
+           progress: Progress) -> tuple:
+    """After the epochs: (the trained model, its test figures, the facts of the run for results.json).
+    The input pipeline read alone for a moment (1% of the training time) on the chief, the test split
+    evaluated, and the SavedModel written by the chief."""
+    t, chief = cfg.trainer, context.chief
     timed = chief and t.time_split
-    rate, cpu = read_alone(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) if timed else (None, None)
+    rate, cpu_per_example = read_alone(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) \
+        if timed else (None, None)
     trained, optimizer = runner.finish(model, rebuild)
     if trained is not model or not compiled:  # (else compiled so already: its test function traced once)
         compile_model(trained, optimizer, cfg, probabilities)  # for evaluate()
-    model = trained
-    test = evaluate(model, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
-    saved = runner.to_save(model, optimizer, rebuild, chief) if t.save_model else None
+    test = keras_evaluate(trained, data.reader(cfg, training=False)(), data.test_steps(t.batch_size))
+    saved = runner.to_save(trained, optimizer, rebuild, chief) if t.save_model else None
     if saved:
         compile_model(*saved, cfg, probabilities, plain=True)  # loads without distrain, and trains on
-        save_model(saved[0], run.saved_model, data.class_names, include_optimizer=plain_keras(saved[1]))
-    if not chief:
-        shutil.rmtree(out.path, ignore_errors=True)
-    facts = runner.describe(t.batch_size) | about(model, probabilities, policy) | {"input_examples_per_sec": rate,
-                                                                                 "input_cpu_per_example": cpu}
-    return report.results(cfg, data, progress, test, facts), model
+        save_model(saved[0], context.run.saved_model, data.class_names, include_optimizer=plain_keras(saved[1]))
+    facts = runner.describe(t.batch_size) | {"input_examples_per_sec": rate, "input_cpu_per_example": cpu_per_example}
+    return trained, test, facts
 
 
 def build(cfg, data: Arrays, policy: str) -> tuple:
@@ -177,7 +185,7 @@ def per_worker_dataset(strategy, context: RunContext, data: Arrays | Files, cfg)
     source = cfg.data
     if source.source != "idx" and context.topology.local:
         source = data_lib.TemporaryIdx(data.x_train, data.y_train)  # a local cluster: its workers read the same disk
-    train = data.reader(cfg, topology=context.topology, files=source,
+    train = data.reader(cfg, topology=context.topology, idx_files=source,
                    expect=train_file_hashes(source))  # of the coordinator's copy, for the workers'
     return lambda: strategy.distribute_datasets_from_function(train)
 
@@ -201,7 +209,7 @@ def save_model(model, path: Path, class_names=None, include_optimizer: bool = Tr
             storage.write_atomic(path / "class_names.txt", "\n".join(class_names) + "\n")
     except Exception as exc:  # noqa: BLE001 - whatever Keras cannot serialise
         print(f"warning: the model could not be saved as a SavedModel in {path} ({type(exc).__name__}: "
-              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); its checkpoints hold the trained weights",
+              f"{first_line(str(exc))}); its checkpoints hold the trained weights",
               flush=True)
 
 
@@ -262,7 +270,7 @@ def _batch_hooks(callback) -> bool:
                for hook in ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"))
 
 
-def evaluate(model, dataset, steps) -> dict:
+def keras_evaluate(model, dataset, steps) -> dict:
     """Keras's evaluate(): {loss, each metric}. A loss or metric that fails there (only evaluate traces
     it with Keras's casts and cross-replica reads) is one line, not a traceback and a restart."""
     try:
@@ -284,13 +292,13 @@ def make_validate(cfg, data, model, topology, rebuild, probabilities: bool):
     test = data.reader(cfg, training=False, validation=True)()
     steps = data.test_steps(cfg.trainer.batch_size)
     if topology.synchronous:
-        return lambda: evaluate(model, test, steps)
+        return lambda: keras_evaluate(model, test, steps)
     local, optimizer = rebuild()
     compile_model(local, optimizer, cfg, probabilities)
 
     def on_a_copy():
         local.set_weights(whole_weights(model))
-        return evaluate(local, test, steps)
+        return keras_evaluate(local, test, steps)
     return on_a_copy
 
 
@@ -353,7 +361,7 @@ def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves, pr
                        f"{epoch * steps + step}): lower trainer.learning_rate (now {t.learning_rate}), or with "
                        "trainer.mixed_precision use float32; the checkpoints written before it are kept")
 
-    start, cpu, every = time.perf_counter(), time.process_time(), t.checkpoint_every_steps
+    start, started_cpu, every = time.perf_counter(), time.process_time(), t.checkpoint_every_steps
     runner.begin(steps, progress.step, progress.totals or [0.0] * runner.tally.size)
     runner.step_base = epoch * steps  # (its position: the global step)
     for calls in segments(progress.step, steps, runner.per_call, every, epoch * steps, profile.marks):
@@ -369,7 +377,7 @@ def train_epoch(runner, progress: Progress, t, steps: int, epoch: int, saves, pr
         if Preemption.requested and progress.step < steps:
             raise Preempted(epoch * steps + progress.step, mid_epoch=True)
     progress.epoch_seconds.append(progress.seconds + time.perf_counter() - start)
-    progress.epoch_cpu_seconds.append(time.process_time() - cpu)
+    progress.epoch_cpu_seconds.append(time.process_time() - started_cpu)
 
 
 class Scalars:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from distrain.common.errors import ConfigError
+from distrain.common.errors import ConfigError, first_line
 from distrain.data.arrays import idx_header, train_idx_files
 
 OTHER_DATA = "holds other data than the coordinator read"
@@ -64,7 +64,7 @@ def unreadable_on_worker(exc: Exception, data) -> ConfigError | None:
         missing = re.search(r"NotFoundError|No such file or directory", exc.message) and \
             re.search(r"(/[^\s;,'\"]+)[:;,]? No such file", exc.message)
         if isinstance(exc, tf.errors.NotFoundError) or missing:
-            path = missing.group(1) if missing else re.sub(r"\{\{[^}]*\}\}", "", exc.message).strip().splitlines()[0]
+            path = missing.group(1) if missing else first_line(exc.message, None)
             return ConfigError(f"a task cannot read the data file {path}, which the launcher found: every worker "
                                "reads the data files itself, at the same path; give each machine the same files "
                                "(shared storage), or fix data.train_files / data.path")

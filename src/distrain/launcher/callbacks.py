@@ -1,0 +1,43 @@
+"""The launcher's Hydra callback (conf/config.yaml's hydra.callbacks): a run or a sweep never lands on
+an earlier one's directory. Runs in the command's process, before Hydra writes anything."""
+import sys
+from collections import Counter
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+from distrain.common.errors import print_error
+from distrain.common.rundir import RunDir
+from distrain.common.topology import Topology
+
+
+class KeepEarlierRuns(Callback):
+    """Hydra callback (conf/config.yaml): a run into a directory that holds a run, or a sweep into one
+    that holds a sweep, is refused before Hydra writes anything there, unless trainer.resume says to go
+    on with it. (Hydra's default directories, named by the clock, never hold one.)"""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        run_dir = Path(config.hydra.run.dir)
+        earlier = RunDir(run_dir).earlier_run()
+        if earlier is None or config.trainer.resume:
+            return
+        if not Topology.of(config).local and RunDir(run_dir).ended() in (None, "running"):
+            return  # the tasks of a real cluster may share a run directory, which each starts
+        _refuse(f"hydra.run.dir={run_dir} holds a run already, which {earlier}: go on with it with "
+                f"trainer.resume=true, set another hydra.run.dir, or remove {run_dir}")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = [path.parent for path in sweep_dir.glob("*/config.yaml")]
+        if jobs and not config.trainer.resume:
+            ends = Counter(RunDir(job).ended() or "unrecorded" for job in jobs)
+            _refuse(f"hydra.sweep.dir={sweep_dir} holds a sweep already ({len(jobs)} job(s): "
+                    f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
+                    "trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove "
+                    f"{sweep_dir}")
+
+
+def _refuse(error: str):
+    """Stop the command (a callback's exceptions are only warnings to Hydra)."""
+    print_error(error)
+    sys.exit(2)
