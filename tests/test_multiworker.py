@@ -280,7 +280,8 @@ def test_a_hung_task_ends_the_run_within_the_peer_timeout(tmp_path, strategy, sa
     assert time.monotonic() - then["hung"] < 5 + 20  # detection, then the stopped task is stopped for good
     assert says in out and "Traceback" not in out, out[-3000:]
     assert asked.returncode == 0 and f"--- {trains} (step " in asked.stdout, asked.stdout + asked.stderr
-    assert re.search(r'File ".*distrain.(runners|checkpoints|training)\.py", line \d+ in ', asked.stdout), asked.stdout
+    assert re.search(r'File ".*distrain/task/(runners|checkpoints|training)\.py", line \d+ in ', asked.stdout), \
+        asked.stdout
     waits = (r"chief-0 is (waiting for the workers' steps|saving a checkpoint) at step \d+" if strategy ==
              "parameter_server" else r"worker-0 waits in (a training step \(the gradients'|the epoch's) all-reduce"
              r".* at step \d+")

@@ -104,7 +104,7 @@ def test_float16_policy_scales_the_loss(tmp_path, monkeypatch):
     """GPUs with tensor cores get mixed_float16, whose small gradients need loss scaling: run that path
     on the CPU, with the machine said to have such a GPU. Without the unscaling, SGD would take steps
     32768 times too large and diverge."""
-    monkeypatch.setattr(distrain.strategy, "gpu_capabilities", lambda: [(8, 0)])
+    monkeypatch.setattr(distrain.task.strategy, "gpu_capabilities", lambda: [(8, 0)])
     try:
         results, model = train(small("model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.epochs=2",
                                      "trainer.mixed_precision=auto"), tmp_path)

@@ -103,7 +103,8 @@ def _read(path) -> str:
 def where(stacks: str, synchronous: bool) -> str:
     """Where the main thread of a dump waits, in words: the innermost frame of distrain's own code."""
     threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stacks)
-    main = next((t for t in threads if re.search(rf'{re.escape(os.sep)}task\.py", line \d+ in main', t)), threads[0])
+    task_main = re.escape(os.path.join("task", "main.py"))
+    main = next((t for t in threads if re.search(rf'{re.escape(os.sep)}{task_main}", line \d+ in main', t)), threads[0])
     frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)
     ours = [(Path(f).name, line, func) for f, line, func in frames if f"{os.sep}distrain{os.sep}" in f]
     if not ours:
@@ -116,9 +117,9 @@ def where(stacks: str, synchronous: bool) -> str:
         return "waits in the epoch's all-reduce of the metric sums (waiting for its peers)"
     if name == "checkpoints.py":
         return "is saving a checkpoint"
-    if name == "training.py" and func in ("evaluate", "on_a_copy"):
+    if name == "training.py" and func in ("keras_evaluate", "on_a_copy"):
         return "is evaluating"
-    if name == "task.py" and func == "serve":
+    if name == "main.py" and func == "serve":
         return "serves (a ps or worker server)"
     return f"is in {func} ({name}:{line})"
 

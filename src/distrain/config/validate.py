@@ -282,7 +282,7 @@ def reason(exc: BaseException, target: str = "") -> str:
 def users_line(exc: BaseException) -> str:
     """Where the root cause of exc was raised in the user's own code ("FILE:LINE in FUNCTION"), or ""."""
     paths = sysconfig.get_paths()  # Python's own code, and distrain's; installed packages: any *-packages path
-    not_theirs = ("<", paths["stdlib"], paths["platstdlib"], str(Path(__file__).parent))
+    not_theirs = ("<", paths["stdlib"], paths["platstdlib"], str(Path(__file__).parents[1]))  # (distrain/)
     own = [frame for frame in traceback.extract_tb(root_cause(exc).__traceback__)
            if not frame.filename.startswith(not_theirs) and f"-packages{os.sep}" not in frame.filename]
     return f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}" if own else ""
