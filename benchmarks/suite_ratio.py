@@ -3,15 +3,12 @@ process each `make test` command runs (a cgroup's accounting), and the ratio.
 
     python benchmarks/suite_ratio.py OTHER_CHECKOUT [--other-first] [-- PYTEST ARGS]    (as root, Linux)
 
-Both run with this checkout's .venv (the other tree's own modules first on the path) and with
-/proc/cpuinfo seen without the avx512*, amx* and avx_vnni flags, so that trainer.mixed_precision=auto
-picks float32 as on the AVX2-only machine. The suite is CPU-bound on the slower kind, so a tree's time
-there is, closely, a tree measured there times this ratio (benchmarks/README.md: the calibration tree).
-A shared host drifts: run the pair again in the other order (--other-first) before trusting a ratio.
+Both run with this checkout's .venv (the other tree's own modules first on the path), on this machine as
+it is: a ratio measured here is the figure for this machine, and says nothing of another kind's. A
+shared host drifts: run the pair again in the other order (--other-first) before trusting a ratio.
 """
 import argparse
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -22,19 +19,6 @@ from pathlib import Path
 from suite_cpu import MAKE_TEST  # (beside this file: `make test`'s command)
 
 ROOT = Path(__file__).resolve().parents[1]
-MASKED = re.compile(r"^(avx512\w*|amx\w*|avx_vnni)$")
-
-
-def masked_cpuinfo(path: Path) -> None:
-    lines = []
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            key, _, flags = line.partition(":")
-            line = f"{key}: {' '.join(f for f in flags.split() if not MASKED.match(f))}"
-        lines.append(line)
-    path.write_text("\n".join(lines) + "\n")
-
-
 class Accounted:
     """A cgroup (v1's cpuacct, else v2's) whose processes' CPU is counted: usage() in CPU-s."""
 
@@ -61,16 +45,15 @@ class Accounted:
                 time.sleep(0.2)
 
 
-def suite(tree: Path, cpuinfo: Path, args: list, log: Path) -> tuple:
+def suite(tree: Path, args: list, log: Path) -> tuple:
     """(CPU-s, wall seconds, pytest's last line) of the suite of `tree`."""
     group = Accounted(f"suite-ratio-{os.getpid()}-{tree.name}")
     python = ROOT / ".venv" / "bin" / "python"
     command = shlex.join(map(str, [python, *MAKE_TEST, "-p", "no:cacheprovider", *args]))
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    mount = f"mount --bind {shlex.quote(str(cpuinfo))} /proc/cpuinfo"
     started = time.monotonic()
     with open(log, "w") as out:
-        subprocess.run(["unshare", "-m", "sh", "-c", f"{mount} && exec {command}"],
+        subprocess.run(["sh", "-c", f"exec {command}"],
                        cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=group.join)
     wall = time.monotonic() - started
     time.sleep(2)
@@ -97,18 +80,16 @@ def main() -> None:
     parser.add_argument("pytest_args", nargs="*", help="after --: what the suite's command adds (e.g. a module)")
     a = parser.parse_args()
     if os.geteuid() != 0 or not sys.platform.startswith("linux"):
-        fail("needs root on Linux (a cgroup, and /proc/cpuinfo masked in a mount namespace of its own): run it as root")
+        fail("needs root on Linux (a cgroup that counts the suite's processes): run it as root")
     if not (a.other / "tests").is_dir() or not (a.other / "src" / "distrain").is_dir():
         fail(f"{a.other} is no distrain checkout (no tests/ and src/distrain/): give one's directory")
-    with tempfile.TemporaryDirectory(prefix="suite-ratio-") as tmp:
-        cpuinfo = Path(tmp) / "cpuinfo"
-        masked_cpuinfo(cpuinfo)
-        trees = [a.other.resolve(), ROOT] if a.other_first else [ROOT, a.other.resolve()]
-        found = {}
-        for n, tree in enumerate(trees):
-            found[tree] = suite(tree, cpuinfo, a.pytest_args, Path(tmp) / f"{n}.log")
-            cpu, wall, last = found[tree]
-            print(f"{tree}: {cpu:.0f} CPU-s, {minutes(wall)} ({last})", flush=True)
+    logs = Path(tempfile.mkdtemp(prefix="suite-ratio-"))  # (kept: each suite's whole log, for its failures)
+    trees = [a.other.resolve(), ROOT] if a.other_first else [ROOT, a.other.resolve()]
+    found = {}
+    for n, tree in enumerate(trees):
+        found[tree] = suite(tree, a.pytest_args, logs / f"{n}.log")
+        cpu, wall, last = found[tree]
+        print(f"{tree}: {cpu:.0f} CPU-s, {minutes(wall)} ({last}; log {logs / f'{n}.log'})", flush=True)
     (mine, _, _), (theirs, _, _) = found[ROOT], found[a.other.resolve()]
     print(f"this checkout / {a.other}: {mine / theirs:.2f} in CPU-s")
 

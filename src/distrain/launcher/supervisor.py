@@ -92,23 +92,23 @@ class TaskProcess:
     peer_timeout: float = 0  # > 0: the task keeps a heartbeat (process.Heartbeat) that must not stop this long
     stall_after: float = 0  # > 0: its training's step standing still this long is a stall (stacks.py)
     forks: ForkServer | None = None  # starts the task with TensorFlow imported, instead of running argv
-    # Its state, as the supervisor starts and watches it:
-    proc: subprocess.Popen | None = None
-    prefix: str | None = None  # of its lines on the terminal (None: they are shown as they come)
-    log_path: Path | None = None
-    heartbeat: Path | None = None  # the file whose time it sets as it makes progress
-    ready: bool = False
-    ready_after: float | None = None  # seconds from the command's start to its first "ready" line
-    restarts: int = 0
-    hung: bool = False
-    ended_at: float | None = None  # when the supervisor first saw it ended (monotonic clock)
-    pump: threading.Thread | None = None  # copies its output
-    open_line: bool = False  # a progress bar of its is on the terminal without its newline
-    line_ended: bool = False  # ... and the launcher ended that line (end_line) before a line of its own
-    memory: Watch = field(default_factory=Watch)  # its peak resident memory, over its restarts too
-    stacks_path: Path | None = None  # where it dumps its Python stacks, on SIGUSR1 (stacks.py)
-    position_path: Path | None = None  # where it keeps the global step it reached
-    stall_seen: float = 0.0  # the time of the position whose stall was reported
+    restarts: int = 0  # restarts taken already (the tasks of a restarted cluster carry theirs)
+    # Its state, as the supervisor starts and watches it: never given to the constructor.
+    proc: subprocess.Popen | None = field(init=False, default=None)
+    prefix: str | None = field(init=False, default=None)  # of its lines on the terminal (None: as they come)
+    log_path: Path | None = field(init=False, default=None)
+    heartbeat: Path | None = field(init=False, default=None)  # the file whose time it sets as it makes progress
+    ready: bool = field(init=False, default=False)
+    ready_after: float | None = field(init=False, default=None)  # seconds from the command's start to "ready"
+    hung: bool = field(init=False, default=False)
+    ended_at: float | None = field(init=False, default=None)  # when the supervisor saw it end (monotonic clock)
+    pump: threading.Thread | None = field(init=False, default=None)  # copies its output
+    open_line: bool = field(init=False, default=False)  # a progress bar of its is on the terminal, no newline yet
+    line_ended: bool = field(init=False, default=False)  # ... which the launcher ended (end_line) for a line of its own
+    memory: Watch = field(init=False, default_factory=Watch)  # its peak resident memory, over its restarts too
+    stacks_path: Path | None = field(init=False, default=None)  # where it dumps its stacks on SIGUSR1 (stacks.py)
+    position_path: Path | None = field(init=False, default=None)  # where it keeps the global step it reached
+    stall_seen: float = field(init=False, default=0.0)  # the time of the position whose stall was reported
 
     def start(self, run: RunDir, prefix: str | None) -> None:
         self.prefix = prefix
