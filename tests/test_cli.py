@@ -312,7 +312,7 @@ def test_a_forked_task_repeats_none_of_its_fork_servers_work(tmp_path, monkeypat
     assert int(counts[0]) > 0 and int(counts[1]) == 0, counts  # the control (not here: conftest's thresholds)
     converted = re.search(r"^converted: (.*)$", out, re.M).group(1).split(",")
     assert "Mine.call" in converted, converted  # the control: a conversion in the task is counted
-    ahead = ["_forward", "growth", "Model.make_test_function.<locals>.test_function", "Float32.call",
+    ahead = ["forward_pass", "growth", "Model.make_test_function.<locals>.test_function", "Float32.call",
              "Float32Metric.update_state", "Float32Metric.result", "trace_model_call.<locals>._wrapped_model",
              "canonicalize_signatures.<locals>.signature_wrapper"]
     assert not set(ahead) & set(converted), converted

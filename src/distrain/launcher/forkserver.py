@@ -240,7 +240,7 @@ def convert_ahead() -> None:
         # once they are imported (the server's TMPDIR may be no run's scratch directory, or none).
         with tempfile.TemporaryDirectory(prefix="distrain-autograph-") as where:
             tempfile.tempdir = where
-            for functions, context in (([runners._forward, metrics.growth, *made_inside], given),
+            for functions, context in (([runners.forward_pass, metrics.growth, *made_inside], given),
                                        ([metrics.Float32.call, metrics.Float32Metric.update_state,
                                          metrics.Float32Metric.result], within)):
                 for function in functions:

@@ -1,7 +1,7 @@
 """What a task trains on: the data loaded once, as arrays in memory (Arrays) or files streamed (Files),
-one interface for both: its shape and classes, the global steps of an epoch, a sample for the model's
+one interface for both (TrainingData): its shape and classes, the global steps of an epoch, a sample for the model's
 checks, and the readers (pipeline.py) of its training, validation and test splits."""
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -14,6 +14,26 @@ from distrain.data.files import FileData
 from distrain.task.context import RunContext
 from distrain.task.input_pipeline import InputReader, array_reader, file_reader
 from distrain.task.metrics import check_labels
+
+
+class TrainingData(Protocol):
+    """What every module asks of a task's data, arrays or files alike."""
+    shape: tuple  # one example's, with its channel axis
+    classes: int
+    steps: int  # global steps an epoch
+    labels: str  # what the labels are (schema.LABELS)
+    train_examples: int
+    test_examples: int
+    sample: np.ndarray  # two examples, for the model's checks
+    sample_labels: np.ndarray
+    class_names: list | None
+    streamed: bool  # every task reads the files itself (else arrays in memory)
+
+    def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
+        """The reader of a split (pipeline.py)."""
+
+    def test_steps(self, batch_size: int) -> int | None:
+        """Batches of the test split for Keras's evaluate (None: it counts them itself)."""
 
 
 class Arrays(NamedTuple):
@@ -76,7 +96,7 @@ class Files(NamedTuple):
         return -(-self.test_examples // batch_size)
 
 
-def load_data(cfg, context: RunContext) -> Arrays | Files:
+def load_data(cfg, context: RunContext) -> TrainingData:
     """The training and test arrays, or what the data files hold (as the launcher found them, in the
     run's data.json, else scanned here), checked against the batch and the replicas."""
     t = cfg.trainer

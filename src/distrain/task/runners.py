@@ -76,7 +76,7 @@ def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool):
     # (tf_keras converts a subclassed layer's or loss's own code within), the metrics' in the tally. The
     # steps and their helpers here are TensorFlow's ops, branching on Python values only: converting them
     # too cost each task 0.25 s of CPU (measured).
-    forward = tf.autograph.to_graph(_forward)
+    forward = tf.autograph.to_graph(forward_pass)
 
     @tf.function(jit_compile=jit_compile, autograph=False)
     def gradients(images, labels):
@@ -96,7 +96,7 @@ def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool):
     return gradients
 
 
-def _forward(model, loss_fn, images, labels):
+def forward_pass(model, loss_fn, images, labels):
     """The user's model and loss on a batch: what autograph converts in a step (make_train_steps)."""
     logits = model(images, training=True)
     return logits, loss_fn(labels, logits)

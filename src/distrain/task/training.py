@@ -20,7 +20,7 @@ from distrain.report import results as report
 from distrain.report.timesplit import probe_seconds, read_alone
 from distrain.task.checkpoints import Checkpoints, Progress, resume, segments
 from distrain.task.context import RunContext
-from distrain.task.input_data import Arrays, Files, load_data
+from distrain.task.input_data import TrainingData, load_data
 from distrain.task.metrics import (
     Tally,
     check_loss,
@@ -118,7 +118,7 @@ def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities
     return trained, test, facts
 
 
-def build(cfg, data: Arrays, policy: str) -> tuple:
+def build(cfg, data: TrainingData, policy: str) -> tuple:
     """(model, optimizer, whether the model outputs probabilities, lines saying the metrics picked, the
     optimizer and its learning rate), built in the current strategy's scope. The metrics' `auto`
     accuracy is settled in cfg.metrics here, where the labels and the outputs are known. (The loss is
@@ -139,7 +139,7 @@ def about(model, probabilities: bool, policy: str) -> dict:
             **({"gpu_peak_mib": gpus} if (gpus := gpu_peak_mib()) else {})}  # (the chief's own GPUs)
 
 
-def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimizer, probabilities: bool,
+def make_runner(strategy, context: RunContext, cfg, data: TrainingData, model, optimizer, probabilities: bool,
                 progress: Progress):
     """The epochs' runner for this strategy: AsyncEpochs (parameter servers) or SyncEpochs (the others),
     with the loss (from probabilities where the model ends with a softmax) and the metrics they sum."""
@@ -175,7 +175,7 @@ def make_runner(strategy, context: RunContext, cfg, data: Arrays, model, optimiz
     return runner
 
 
-def per_worker_dataset(strategy, context: RunContext, data: Arrays | Files, cfg):
+def per_worker_dataset(strategy, context: RunContext, data: TrainingData, cfg):
     """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated,
     from files where the data is in files (on a local cluster, other data is written to files once)."""
     if data.streamed:  # each worker streams its own files, on its own machine
