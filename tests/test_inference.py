@@ -293,7 +293,7 @@ def test_the_tasks_run_the_kernels_the_run_trained_with(trained, monkeypatch, se
 
     monkeypatch.setattr(parts, "Cluster", Cluster)
     monkeypatch.delenv(cpu.ONEDNN, raising=False)
-    monkeypatch.setattr(inference, "evaluate", lambda *args: {})  # (no tasks to start)
+    monkeypatch.setattr(inference, "evaluate_run", lambda *args: {})  # (no tasks to start)
     overrides = ["strategy=multi_worker_mirrored", "cluster.workers=2"]
     inference.one("evaluate", run, overrides + ([f"trainer.onednn={setting}"] if setting else []), {},
                   lambda o: make_cfg(*o))
