@@ -211,7 +211,7 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     from distrain.task.input_data import load_data
     from distrain.task.model import compile_model
     from distrain.task.strategy import configure_devices, make_strategy
-    from distrain.task.training import build, set_precision
+    from distrain.task.training import build, set_precision, settle_accuracy
 
     cfg.trainer.steps_per_epoch = 1  # (nothing trains: the training split's size need not fit the batch)
     if strategy is None:
@@ -227,6 +227,7 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     check_fits(run_dir, data)
     with strategy.scope():
         model, optimizer, probabilities, _ = build(cfg, data, policy)
+    settle_accuracy(cfg, data, probabilities)
     said = restore(model, run_dir, cfg, options.get("checkpoint"))
     compile_model(model, optimizer, cfg, probabilities)
     return data, model, probabilities, said

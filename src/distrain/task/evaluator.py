@@ -8,7 +8,7 @@ from distrain.task.checkpoints import read_position
 from distrain.task.context import RunContext
 from distrain.task.input_data import load_data
 from distrain.task.model import compile_model
-from distrain.task.training import build, set_precision
+from distrain.task.training import build, set_precision, settle_accuracy
 
 
 def evaluate_checkpoints(cfg, context: RunContext) -> dict:
@@ -17,6 +17,7 @@ def evaluate_checkpoints(cfg, context: RunContext) -> dict:
     t, run = cfg.trainer, context.run
     data = load_data(cfg, context)
     model, optimizer, probabilities, _ = build(cfg, data, set_precision(cfg))
+    settle_accuracy(cfg, data, probabilities)
     compile_model(model, optimizer, cfg, probabilities)
     test_ds = data.reader(cfg, training=False)()
     directory = run.checkpoints

@@ -5,6 +5,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import tensorflow as tf
 import tf_keras as keras
@@ -69,9 +70,10 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     keras.utils.set_random_seed(t.seed)
     data = load_data(cfg, context)
     with strategy.scope():
-        model, optimizer, probabilities, line = build(cfg, data, policy)
+        model, optimizer, probabilities, optimizer_line = build(cfg, data, policy)
+    picked = settle_accuracy(cfg, data, probabilities)
     if t.verbose and chief:
-        print(line, flush=True)
+        print("\n".join(filter(None, [picked, optimizer_line])), flush=True)
     # Every worker of a synchronous cluster must checkpoint (saving reads replicated variables together),
     # but only the chief's checkpoints are kept.
     out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
@@ -118,18 +120,31 @@ def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities
     return trained, test, facts
 
 
-def build(cfg, data: TrainingData, policy: str) -> tuple:
-    """(model, optimizer, whether the model outputs probabilities, lines saying the metrics picked, the
-    optimizer and its learning rate), built in the current strategy's scope. The metrics' `auto`
-    accuracy is settled in cfg.metrics here, where the labels and the outputs are known. (The loss is
-    checked against the outputs where the training step is made: make_runner.)"""
+class Built(NamedTuple):
+    """What build() makes, in the current strategy's scope."""
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    probabilities: bool  # the model outputs probabilities (else logits)
+    optimizer_line: str  # the optimizer and its learning rate, in words
+
+
+def build(cfg, data: TrainingData, policy: str) -> Built:
+    """The model and its optimizer, built and checked against the data (the loss is checked against the
+    outputs where the training step is made: make_runner)."""
     model = build_model(cfg.model, data.shape, data.classes)
     # (The forward pass builds a subclassed model's variables.)
     probabilities = check_model(model, data.sample, data.classes, data.labels == "classes")
-    cfg.metrics, picked = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)
     optimizer, line = make_optimizer(cfg, data.steps, policy)
     optimizer.build(model.trainable_variables)
-    return model, optimizer, probabilities, "\n".join(filter(None, [picked, line]))
+    return Built(model, optimizer, probabilities, line)
+
+
+def settle_accuracy(cfg, data: TrainingData, probabilities: bool) -> str:
+    """Sets cfg.metrics' `auto` entries to the accuracy Keras's "accuracy" picks for these labels and
+    outputs, known once the model is built (before anything compiles or makes metrics); the line that
+    says which, or ""."""
+    cfg.metrics, picked = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)
+    return picked
 
 
 def about(model, probabilities: bool, policy: str) -> dict:
