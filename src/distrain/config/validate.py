@@ -291,9 +291,15 @@ def users_line(exc: BaseException) -> str:
 _told = set()  # deprecation notices already printed by this process
 
 
+MOVED = {"distrain.model.cnn": "distrain.task.model.cnn", "distrain.model.mlp": "distrain.task.model.mlp"}
+
+
 def _renamed(cfg: DictConfig) -> DictConfig:
-    """Old spellings of keys still work, with a notice: strategy.steps_per_schedule (parameter servers)
-    is trainer.steps_per_execution, which every strategy reads."""
+    """Old spellings still work: the built-in builders' names of runs made before they moved to
+    distrain.task.model (a run's config.yaml, evaluated or resumed), and, with a notice,
+    strategy.steps_per_schedule (parameter servers), which is trainer.steps_per_execution."""
+    if cfg.model.get("_target_") in MOVED:
+        cfg.model._target_ = MOVED[cfg.model._target_]
     old = cfg.strategy.get("steps_per_schedule")
     if old is None:
         return cfg
