@@ -336,3 +336,15 @@ def test_a_file_a_command_cannot_write_is_named_not_the_run_directory(tmp_path, 
     code, _, err = here(tmp_path, ["predict", "outputs/x", "out=/data/p.npz"], {"HYDRA_FULL_ERROR": "0"})
     assert code == 2 and err == "error: /data/p.npz cannot be written (Read-only file system): check that you can " \
                                 "write there\n"
+
+
+def test_output_read_only_in_part_ends_quietly(tmp_path):
+    """`distrain --help | head -1`: once the reader has gone, the command ends with 141 (as a shell's
+    SIGPIPE does) and says nothing; a broken pipe is no run directory that cannot be written."""
+    proc = subprocess.Popen([sys.executable, str(TRAIN_PY), "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.close()  # the reader gone before the first line is written
+    assert proc.wait(timeout=60) == 141 and proc.stderr.read() == b""
+    proc.stderr.close()
+    done = subprocess.run([sys.executable, str(TRAIN_PY), "--help"], capture_output=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith(b"distrain:")  # the control: read whole

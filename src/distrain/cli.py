@@ -324,6 +324,9 @@ def main() -> None:
             raise
         print_error(_error_line(exc))
         sys.exit(2)
+    except BrokenPipeError:  # the reader of the output went (`distrain --help | head`): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's advice: no second error)
+        sys.exit(128 + signal.SIGPIPE)
     except OSError as exc:  # Hydra could not create the run directory, or we could not write in it
         if full_error:
             raise
