@@ -197,33 +197,19 @@ def _cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks) ->
         for index, address in enumerate(addresses):
             task = cluster_lib.Task(task_type, index, address)
             # The chief coordinates parameter servers and needs few threads; workers share the cores.
-            env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers,
-                                                                                 c.threads_per_worker)}
+            env = {**cluster_lib.task_env(spec, task),
+                   **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
             serves = topology.parameter_servers and task_type != "chief"
-            pinned = (
-                cluster_lib.worker_cores(index, per_worker, cores) if c.pin_workers and task_type == "worker" else None
-            )
-            tasks.append(
-                TaskProcess(
-                    task.name,
-                    net.wrap(argv),
-                    env,
-                    main=not serves,
-                    alone=serves and task_type == "worker",
-                    quiet=topology.synchronous and index > 0,
-                    task=task,
-                    cores=pinned,
-                    peer_timeout=coordinator_timeout(cfg, task_type),
-                    stall_after=0 if serves else c.peer_timeout / 2,
-                    forks=forks,
-                )
-            )
+            pinned = cluster_lib.worker_cores(index, per_worker, cores) \
+                if c.pin_workers and task_type == "worker" else None
+            tasks.append(TaskProcess(task.name, net.wrap(argv), env, main=not serves,
+                                     alone=serves and task_type == "worker", quiet=topology.synchronous and index > 0,
+                                     task=task, cores=pinned, peer_timeout=coordinator_timeout(cfg, task_type),
+                                     stall_after=0 if serves else c.peer_timeout / 2, forks=forks))
     if c.evaluator:  # known to itself but not to the training tasks: strategies need not wait for it
         evaluator = cluster_lib.Task("evaluator", 0, f"127.0.0.1:{portpicker.pick_unused_port()}")
-        env = {
-            **cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
-            **cluster_lib.thread_caps("evaluator", c.workers),
-        }
+        env = {**cluster_lib.task_env({**spec, "evaluator": [evaluator.address]}, evaluator),
+               **cluster_lib.thread_caps("evaluator", c.workers)}
         tasks.append(TaskProcess(evaluator.name, net.wrap(argv), env, essential=False, task=evaluator, forks=forks))
     return spec, tasks
 
@@ -241,12 +227,9 @@ def _keep(cfg, run: RunDir, job: Job | None, overrides) -> int:
     except ConfigError as exc:
         return fail(exc)
     results = run.read_results()
-    log.info(
-        "%s: kept (ok%s)%s",
-        f"job {job}" if job else f"the run in {run}",
-        f" - {report.short_line(results)}" if results else "",
-        "" if job else "; trainer.resume=true with more trainer.epochs trains it further",
-    )
+    log.info("%s: kept (ok%s)%s", f"job {job}" if job else f"the run in {run}",
+             f" - {report.short_line(results)}" if results else "",
+             "" if job else "; trainer.resume=true with more trainer.epochs trains it further")
     return 0
 
 
@@ -280,13 +263,8 @@ def _record_restarts(run: RunDir, restarts: Restarts) -> None:
     results = run.read_results()
     if results is not None and restarts.done:
         gone = restarts.gone()
-        run.add_to_results(
-            {
-                "task_restarts": restarts.done,
-                "workers_left_the_run": gone,
-                "final_num_workers": results["num_workers"] - len(gone),
-            }
-        )
+        run.add_to_results({"task_restarts": restarts.done, "workers_left_the_run": gone,
+                            "final_num_workers": results["num_workers"] - len(gone)})
 
 
 def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None, overrides=()) -> int:
@@ -296,9 +274,8 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
     `overrides`: a single run's, its hyperparameters in TensorBoard."""
     run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
     if report.logs_for_tensorboard(config):
-        from distrain.report import (
-            dashboard,  # (TensorBoard's protocol buffers, 0.1 s: only for a run that logs for it)
-        )
+        # (TensorBoard's protocol buffers, 0.1 s: only for a run that logs for it)
+        from distrain.report import dashboard
 
         swept = job.values if job else dict(split_override(o) for o in overrides if not o.startswith(("hydra", "~")))
         storage.record(dashboard.log_session, run, config, swept)
@@ -311,7 +288,6 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
     if results:
         try:
             from distrain.report import plots  # matplotlib: only once there is something to draw
-
             plots.curves(results, run / "curves.png")
         except Exception as exc:  # noqa: BLE001 - a plot that fails must not fail a finished run
             log.warning("curves.png not drawn: %s", exc)
@@ -319,18 +295,9 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
         if outcome.status == "ok":
             log.info("job %s: ok%s", job, f" - {report.short_line(results)}" if results else "")
         else:
-            log.error(
-                "job %s: %s (exit status %d)%s",
-                job,
-                outcome.status,
-                outcome.code,
-                f" - {outcome.error}" if outcome.error else "",
-            )
+            log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
+                      f" - {outcome.error}" if outcome.error else "")
     elif outcome.code and run.logs.exists():  # (a run refused before it started said why already)
-        log.error(
-            "the run %s with exit status %d; logs in %s",
-            "was interrupted" if outcome.status == "interrupted" else "failed",
-            outcome.code,
-            run.logs,
-        )
+        log.error("the run %s with exit status %d; logs in %s",
+                  "was interrupted" if outcome.status == "interrupted" else "failed", outcome.code, run.logs)
     return outcome.code
