@@ -83,7 +83,8 @@ LAST_RUN, LAST_SWEEP = "outputs/DATE/TIME", "multirun/DATE/TIME"
 
 def readers_files(where: Path) -> None:
     """The reader's own data the docs name without showing it, small: MNIST-like images in an .npz
-    (mydata.npz), rows of features with a value each (rows.npz), an image folder by class (data/flowers)."""
+    (mydata.npz), rows of features with a value each (rows.npz), an image folder by class (data/flowers),
+    other digits as TFRecord shards (new/), and new inputs without labels (new.npz, new_images/)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -97,6 +98,11 @@ def readers_files(where: Path) -> None:
              y_test=values[512:])
     for split, rows in (("train", slice(0, 512)), ("test", slice(512, 640))):  # other data, as TFRecord shards
         tfrecords.write(x[rows, ..., None], y[rows], where / "new", split, 2)
+    np.savez(where / "new.npz", x=x[512:576])  # new inputs, no labels: an array and a folder of images
+    for i, image in enumerate(x[576:588]):
+        folder = where / "new_images" / ("" if i < 6 else "more")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"{i:02d}.png")
     for split, count in (("train", 12), ("test", 4)):
         for name in ("daisy", "tulips"):
             folder = where / "data" / "flowers" / split / name

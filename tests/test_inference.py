@@ -107,13 +107,12 @@ def test_predict_gives_what_keras_predict_gives_in_input_order(trained, tmp_path
 
 
 def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(trained, tmp_path):
-    """Shards written round-robin (example i in shard i % 3): the outputs come in the files' order, each
-    row naming its file and record; a checkpoint's weights (checkpoint=latest) give the same."""
+    """Shards written round-robin (example i in shard i % 3), test files alone: the outputs come in the files'
+    order, each row naming its file and record; a checkpoint's weights (checkpoint=latest) give the same."""
     run, pixels, x, y = trained
     tfrecords.write(pixels, y, tmp_path, "test", 3)
-    tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
     order = [i for shard in range(3) for i in range(shard, len(y), 3)]
-    shards = ["data=tfrecord", f"data.train_files={tmp_path}/train-*", f"data.test_files={tmp_path}/test-*"]
+    shards = ["data=tfrecord", f"data.test_files={tmp_path}/test-*"]  # (no training files: the test split alone)
     assert use("predict", run, *shards, f"out={tmp_path / 'p.csv'}", "checkpoint=latest") == 0
     rows = list(__import__("csv").reader(io.StringIO((tmp_path / "p.csv").read_text())))
     assert rows[0] == ["index", "source", "class", *(f"p_{c}" for c in range(10))]
@@ -127,6 +126,83 @@ def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(traine
     np.testing.assert_allclose(found, expected[order], rtol=1e-4, atol=1e-6)
     assert not np.allclose(found, expected, rtol=1e-4, atol=1e-6)  # control: the arrays' order is another
     assert not (run / "evaluations" / "no data.json").exists()  # (other data: scanned, nothing left anywhere)
+
+
+def test_new_inputs_without_labels_are_predicted_in_order_and_evaluate_says_it_needs_labels(trained, tmp_path, capsys):
+    """Inputs alone: an .npz of one array x, a folder of images at two depths (no class folders), TFRecords
+    with no label: predict gives plain Keras's outputs in input order; evaluate is one line (the control)."""
+    import tensorflow as tf
+    from PIL import Image
+
+    run, pixels, x, _ = trained
+    np.savez(tmp_path / "new.npz", x=pixels[:40, ..., 0])
+    for i in range(40):  # (in the order of their paths: b/ after a.png's)
+        (tmp_path / "new" / ("b" if i >= 20 else "")).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels[i, ..., 0]).save(tmp_path / "new" / ("b" if i >= 20 else "") / f"{i:02d}.png")
+    with tf.io.TFRecordWriter(str(tmp_path / "new.tfrecord")) as writer:
+        for image in pixels[:40]:
+            writer.write(tf.train.Example(features=tf.train.Features(feature={"image/encoded": tf.train.Feature(
+                bytes_list=tf.train.BytesList(value=[tf.io.encode_png(image).numpy()]))})).SerializeToString())
+    expected = plain_model(run).predict(x[:40], batch_size=128, verbose=0)
+    for name, given in (("npz", ["data=npz", f"data.path={tmp_path / 'new.npz'}"]),
+                       ("images", ["data=images", f"data.path={tmp_path / 'new'}"]),
+                       ("tfrecord", ["data=tfrecord", f"data.test_files={tmp_path / 'new.tfrecord'}"])):
+        assert use("predict", run, *given, f"out={tmp_path / name}.npz") == 0, capsys.readouterr().err
+        with np.load(tmp_path / f"{name}.npz") as found:
+            np.testing.assert_allclose(found["predictions"], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+            assert not np.allclose(found["predictions"], expected[::-1], rtol=1e-5, atol=1e-6)  # (order counts)
+        assert use("evaluate", run, *given) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: evaluate needs labels, and {name} holds inputs "
+                                                       "alone ("), lines
+    assert not (run / "evaluations" / "npz.json").exists()
+
+
+def test_a_test_folder_of_some_classes_is_matched_to_the_models_classes_by_name(trained, tmp_path, capsys):
+    """A model that names its classes, evaluated on test/<class>/ folders of three of them: their labels are
+    the model's classes of those names (accuracy as plain Keras's with the true labels; numbering the folders
+    by position gives another figure: the control). A class the model does not know is one line."""
+    import shutil
+
+    from PIL import Image
+
+    run = tmp_path / "run"
+    shutil.copytree(trained[0], run, ignore=shutil.ignore_patterns("evaluations"))
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    (run / "saved_model" / "class_names.txt").write_text("\n".join(names) + "\n")
+    _, pixels, x, y = trained
+    kept = [i for i in range(300) if y[i] in (1, 3, 7)]
+    for i in kept:
+        (tmp_path / "new" / "test" / names[y[i]]).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels[i, ..., 0]).save(tmp_path / "new" / "test" / names[y[i]] / f"{i:03d}.png")
+    assert use("evaluate", run, "data=images", f"data.path={tmp_path / 'new'}") == 0, capsys.readouterr().err
+    found = json.loads((run / "evaluations" / "images.json").read_text())
+    order = sorted(kept, key=lambda i: (names[y[i]], f"{i:03d}"))  # (the folders' order, then the paths')
+    model = plain_model(run)
+    _, accuracy = model.evaluate(x[order], y[order], verbose=0)
+    assert found["examples"] == len(kept) and found["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    by_position = np.array([sorted(["one", "seven", "three"]).index(names[y[i]]) for i in order])
+    assert abs(model.evaluate(x[order], by_position, verbose=0)[1] - accuracy) > 0.2  # the control
+    (tmp_path / "new" / "test" / "eleven").mkdir()
+    Image.fromarray(pixels[0, ..., 0]).save(tmp_path / "new" / "test" / "eleven" / "0.png")
+    assert use("evaluate", run, "data=images", f"data.path={tmp_path / 'new'}") == 2
+    assert "class folder " + str(tmp_path / "new" / "test" / "eleven") + " names a class the model does not know" \
+        in capsys.readouterr().err
+
+
+def test_an_override_of_the_runs_own_data_is_composed_with_its_option():
+    """`data.test_files=...` on a run of data=tfrecord is data=tfrecord's key (composed alone, it is a key of
+    the default data option's, which has none: the control)."""
+    from omegaconf import OmegaConf
+
+    saved = make_cfg("data=tfrecord", "data.train_files=a-*", "data.test_files=b-*")
+    assert inference.runs_choices(saved, ["data.test_files=new/test-*", "trainer.seed=3", "model.dropout=0.2"]) == \
+        ["data=tfrecord", "model=cnn"]  # (trainer has one option, and no name)
+    assert inference.runs_choices(saved, ["data=npz", "data.path=x.npz"]) == []  # (an option chosen: its own keys)
+    cfg = make_cfg(*inference.runs_choices(saved, ["data.test_files=new/test-*"]), "data.test_files=new/test-*")
+    assert OmegaConf.select(cfg, "data.test_files") == "new/test-*"
+    with pytest.raises(Exception, match="test_files"):  # (Hydra's own error: cli makes it one line)
+        make_cfg("data.test_files=new/test-*")
 
 
 @pytest.mark.parametrize("args, says", [

@@ -110,6 +110,24 @@ def load(data, seed: int, reads: str | None = "classes"):
     return _checked(splits, data, class_indices=(reads or labels_of(splits[0][1])) == "classes")
 
 
+def load_test(data, seed: int, reads: str | None = "classes"):
+    """The test split alone, as evaluate and predict read it: (x_test, y_test), checked as load() checks
+    them, with y_test None where the data holds inputs alone. An .npz file's x_test (and y_test) or x (and
+    y): its training arrays, if any, are not read. Other sources load as a run loads them."""
+    if data.source != "npz":
+        return load(data, seed, reads)[1]
+    path = Path(data.path)
+    held = _read_npz(path)
+    x, y = next(((x, y) for x, y in (("x_test", "y_test"), ("x", "y")) if x in held), (None, None))
+    if x is None:
+        raise ConfigError(f"data file {path} has no array x_test or x (it has {', '.join(held) or 'none'}): save the "
+                          "inputs as x (and their labels as y), or as x_test (and y_test)")
+    x_test, y_test = _read_npz(path, x, y) if y in held else (*_read_npz(path, x), None)
+    (checked,) = _checked(((x_test, y_test),), data, reads == "classes" if reads else
+                          y_test is None or labels_of(y_test) == "classes", names=((x, y),))
+    return checked[0], (checked[1] if y_test is not None else None)
+
+
 def labels_of(labels) -> str:
     """What labels look like, where the loss does not say (a loss of the user's): integer indices, one
     per example, are classes; rows of 0 and 1 are one-hot where each sums to 1, else binary; the rest
@@ -123,6 +141,7 @@ def labels_of(labels) -> str:
 
 
 NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the layout of Keras's own mnist.npz
+SPLITS = (("x_train", "y_train"), ("x_test", "y_test"))  # each split's arrays, by name
 
 
 def _call_loader(data):
@@ -155,7 +174,7 @@ def num_classes(data, labels, class_indices: bool = True) -> int:
 
 
 def _read_npz(path: Path, *names):
-    """The named arrays of an .npz file (the bundled digits, or data=npz)."""
+    """The named arrays of an .npz file (the bundled digits, or data=npz); with no name, the names it holds."""
     fix = "reinstall the package or use another data.source" if path == BUNDLED else \
         f"point data.path at a file of the arrays {', '.join(names)} saved with numpy.savez"
     if not path.exists():
@@ -169,7 +188,7 @@ def _read_npz(path: Path, *names):
             if missing:
                 raise ConfigError(f"data file {path} has no array {missing[0]} "
                                   f"(it has {', '.join(f.files) or 'none'}): {fix}")
-            return tuple(f[name] for name in names)
+            return tuple(f[name] for name in names) if names else tuple(f.files)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise ConfigError(f"data file {path} is corrupt or not an .npz file ({exc}): {fix}") from None
 
@@ -265,65 +284,78 @@ def read_idx(path: Path) -> np.ndarray:
         raise ConfigError(f"IDX file {path} is corrupt ({exc}): replace it") from None
 
 
-def _checked(splits, data, class_indices: bool = True):
+def _checked(splits, data, class_indices: bool = True, names=SPLITS):
     """The splits with a channel axis, float images as float32 and labels as int32; or a ConfigError
-    naming what is wrong with them. Other labels than class indices (a loss of other labels): features
-    of any shape (N, ...) (a channel axis for (N, H, W) images), labels of any shape, integer or float."""
+    naming what is wrong with them (names: each split's arrays, as the file names them). Other labels than
+    class indices (a loss of other labels): features of any shape (N, ...) (a channel axis for (N, H, W)
+    images), labels of any shape, integer or float."""
     if not class_indices:
-        return _any_labels(splits, data)
-    where = f"data from {data.path}" if data.source in ("npz", "idx") and data.get("path") else \
-        f"data from {label(data)}" if data.source == "loader" else f"data from source {data.source}"
+        return _any_labels(splits, data, names)
+    where = _where(data)
     out = []
-    for split, (images, labels) in zip(("train", "test"), splits):
-        images, labels = np.asarray(images), np.asarray(labels)
+    for (x, y), (images, labels) in zip(names, splits):
+        images = np.asarray(images)
         if images.ndim not in (3, 4) or len(images) == 0:
-            raise ConfigError(f"{where}: x_{split} has shape {images.shape}, not images (N, H, W) or (N, H, W, C): "
+            raise ConfigError(f"{where}: {x} has shape {images.shape}, not images (N, H, W) or (N, H, W, C): "
                               "give one image per row")
-        if labels.ndim == 2 and labels.shape[1] > 1:
-            raise ConfigError(f"{where}: y_{split} has shape {labels.shape}, one-hot: give class indices (N,), "
-                              "e.g. y.argmax(axis=1)")
-        labels = labels.reshape(-1) if labels.ndim == 2 else labels
-        if labels.ndim != 1 or len(labels) != len(images):
-            raise ConfigError(f"{where}: x_{split} has {len(images)} images but y_{split} has shape {labels.shape}: "
-                              "give one label per image")
         if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
-            raise ConfigError(f"{where}: x_{split} is {images.dtype}: give uint8 images (0-255, scaled to [0, 1]) "
+            raise ConfigError(f"{where}: {x} is {images.dtype}: give uint8 images (0-255, scaled to [0, 1]) "
                               "or float images (taken as they are)")
         if np.issubdtype(images.dtype, np.floating):
             images = images.astype(np.float32, copy=False)
             if not np.isfinite(images).all():
-                raise ConfigError(f"{where}: x_{split} holds NaN or infinite values: clean the images")
+                raise ConfigError(f"{where}: {x} holds NaN or infinite values: clean the images")
+        images = images[..., None] if images.ndim == 3 else images
+        if labels is None:  # (inputs alone: predict's)
+            out.append((images, None))
+            continue
+        labels = np.asarray(labels)
+        if labels.ndim == 2 and labels.shape[1] > 1:
+            raise ConfigError(f"{where}: {y} has shape {labels.shape}, one-hot: give class indices (N,), "
+                              "e.g. y.argmax(axis=1)")
+        labels = labels.reshape(-1) if labels.ndim == 2 else labels
+        if labels.ndim != 1 or len(labels) != len(images):
+            raise ConfigError(f"{where}: {x} has {len(images)} images but {y} has shape {labels.shape}: "
+                              "give one label per image")
         if not (np.issubdtype(labels.dtype, np.integer) or np.issubdtype(labels.dtype, np.floating)
                 and np.array_equal(labels, np.round(labels))):
-            raise ConfigError(f"{where}: y_{split} is not integer class labels ({labels.dtype}): give labels 0, "
+            raise ConfigError(f"{where}: {y} is not integer class labels ({labels.dtype}): give labels 0, "
                               "1, ..., num_classes - 1")
         if labels.min() < 0:
-            raise ConfigError(f"{where}: y_{split} has negative labels ({labels.min()}): give labels 0, 1, ..., "
+            raise ConfigError(f"{where}: {y} has negative labels ({labels.min()}): give labels 0, 1, ..., "
                               "num_classes - 1")
-        out.append((images[..., None] if images.ndim == 3 else images, labels.astype(np.int32)))
-    (x_train, y_train), (x_test, y_test) = out
-    if x_train.shape[1:] != x_test.shape[1:]:
-        raise ConfigError(f"{where}: training images are {x_train.shape[1:]} but test images {x_test.shape[1:]}: "
-                          "give both splits the same image shape")
-    classes = num_classes(data, (y_train, y_test))
-    largest = max(int(y_train.max()), int(y_test.max()))
-    if largest >= classes:
-        raise ConfigError(f"{where} has label {largest}, but data.num_classes={classes}: set "
-                          f"data.num_classes={largest + 1} or more, or null to count them")
-    return (x_train, y_train), (x_test, y_test)
+        out.append((images, labels.astype(np.int32)))
+    if len(out) == 2 and out[0][0].shape[1:] != out[1][0].shape[1:]:
+        raise ConfigError(f"{where}: training images are {out[0][0].shape[1:]} but test images "
+                          f"{out[1][0].shape[1:]}: give both splits the same image shape")
+    labelled = [y for _, y in out if y is not None]
+    if labelled:
+        classes = num_classes(data, labelled)
+        largest = max(int(y.max()) for y in labelled)
+        if largest >= classes:
+            raise ConfigError(f"{where} has label {largest}, but data.num_classes={classes}: set "
+                              f"data.num_classes={largest + 1} or more, or null to count them")
+    return tuple(out)
 
 
-def _any_labels(splits, data):
+def _where(data) -> str:
+    if data.source in ("npz", "idx") and data.get("path"):
+        return f"data from {data.path}"
+    return f"data from {label(data)}" if data.source == "loader" else f"data from source {data.source}"
+
+
+def _any_labels(splits, data, names=None):
     """_checked(class_indices=False): one label (of any shape) per example, numbers; integer labels as int32,
     others as float32; a label that is one number as a row of one, (N, 1)."""
     where = f"data from {data.path}" if data.get("path") else f"data from {label(data)}"
     out = []
-    for split, (features, labels) in zip(("train", "test"), splits):
-        features, labels = np.asarray(features), np.asarray(labels)
+    for (x, y), (features, labels) in zip(names or SPLITS, splits):
+        features = np.asarray(features)
+        labels = np.zeros(len(features), np.float32) if labels is None else np.asarray(labels)  # (inputs alone)
         if features.ndim < 2 or len(features) == 0 or len(labels) != len(features):
-            raise ConfigError(f"{where}: x_{split} has shape {features.shape} and y_{split} {labels.shape}: give one "
+            raise ConfigError(f"{where}: {x} has shape {features.shape} and {y} {labels.shape}: give one "
                               "example per row of x and one label per row of y")
-        for name, array in ((f"x_{split}", features), (f"y_{split}", labels)):
+        for name, array in ((x, features), (y, labels)):
             if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
                 raise ConfigError(f"{where}: {name} is {array.dtype}, not numbers: give numeric arrays")
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
@@ -333,12 +365,12 @@ def _any_labels(splits, data):
         labels = labels.astype(np.int32 if np.issubdtype(labels.dtype, np.integer) else np.float32, copy=False)
         labels = labels[:, None] if labels.ndim == 1 else labels  # (N, 1), as the model's outputs: a loss per example
         out.append((features[..., None] if features.ndim == 3 else features, labels))
-    (x_train, y_train), (x_test, y_test) = out
-    if x_train.shape[1:] != x_test.shape[1:] or y_train.shape[1:] != y_test.shape[1:]:
+    if len(out) == 2 and (out[0][0].shape[1:] != out[1][0].shape[1:] or out[0][1].shape[1:] != out[1][1].shape[1:]):
+        (x_train, y_train), (x_test, y_test) = out
         raise ConfigError(f"{where}: the training split's examples and labels are {x_train.shape[1:]} and "
                           f"{y_train.shape[1:]}, the test split's {x_test.shape[1:]} and {y_test.shape[1:]}: give "
                           "both splits the same shapes")
-    return (x_train, y_train), (x_test, y_test)
+    return tuple(out)
 
 
 def synthetic(train_examples: int, test_examples: int, seed: int):

@@ -37,6 +37,7 @@ class FileData:
     test_labels: list = field(default_factory=list)
     class_names: list = field(default_factory=list)  # images: the class folders, in Keras's (sorted) order
     how: str = ""  # how it was found, for the run's log line
+    labelled: bool = True  # False: inputs alone (predict's new data), labels read as 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -189,18 +190,20 @@ def match(value, key: str) -> list:
     return sorted(set(found))
 
 
-def scan_tfrecords(data) -> FileData:
+def scan_tfrecords(data, train: bool = True) -> FileData:
+    """train=False: the test split alone (evaluate's and predict's), whose records may hold no label."""
     started = time.perf_counter()
-    train, test = match(data.train_files, "data.train_files"), match(data.test_files, "data.test_files")
-    counts = {path: sum(1 for _ in tfrecord_lengths(Path(path))) for path in train + test}
-    empty = [p for p in train if not counts[p]]
-    if sum(counts[p] for p in train) == 0 or sum(counts[p] for p in test) == 0:
-        raise ConfigError(f"{'data.train_files' if empty or not sum(counts[p] for p in train) else 'data.test_files'} "
-                          "hold no record: give files that hold examples")
-    first_file = next(p for p in train if counts[p])
+    train_files = match(data.train_files, "data.train_files") if train else []
+    test = match(data.test_files, "data.test_files")
+    counts = {path: sum(1 for _ in tfrecord_lengths(Path(path))) for path in train_files + test}
+    for key, split in (("data.train_files", train_files), ("data.test_files", test)):
+        if (split or key == "data.test_files") and not sum(counts[p] for p in split):
+            raise ConfigError(f"{key} hold no record: give files that hold examples")
+    first_file = next(p for p in train_files + test if counts[p])
     first = parse_example(next(tfrecord_records(Path(first_file))))
     where = f"the first record of {first_file}"
-    for key, kind in ((data.image_key, "bytes"), (data.label_key, "int64")):
+    labelled = train or data.label_key in first
+    for key, kind in ((data.image_key, "bytes"), (data.label_key, "int64"))[:2 if labelled else 1]:
         if key not in first or first[key][0] != kind:
             has = ", ".join(f"{k} ({v[0]})" for k, v in sorted(first.items())) or "none"
             setting = "data.image_key" if kind == "bytes" else "data.label_key"
@@ -223,18 +226,20 @@ def scan_tfrecords(data) -> FileData:
         shape[:2] = list(data.image_size)
     if data.channels:
         shape[2] = data.channels
-    how = (f"{len(train)} training file(s), {len(test)} test file(s); examples counted from the record headers "
-           f"without decoding")
+    how = (f"{len(train_files)} training file(s), {len(test)} test file(s); examples counted from the record "
+           "headers without decoding" + ("" if labelled else f"; no label ({data.label_key}): inputs alone"))
     classes = data.num_classes
+    if not classes and not labelled:
+        raise ConfigError(f"{where} has no label, and data.num_classes is not set: set it (the model's outputs)")
     if not classes:  # one stated pass over the labels
-        largest = max(parse_example(record)[data.label_key][1][0] for path in train + test
+        largest = max(parse_example(record)[data.label_key][1][0] for path in train_files + test
                       for record in tfrecord_records(Path(path)))
         classes = not_one_class(largest + 1, f"the labels ({data.label_key}) of every record")
         how += f"; {classes} classes: one more than the largest label, read in one pass over every record " \
                "(set data.num_classes to skip it)"
     how += f" ({time.perf_counter() - started:.1f} s)"
-    return FileData("tfrecord", train, test, sum(counts[p] for p in train), sum(counts[p] for p in test), classes,
-                    shape, encoded, how=how)
+    return FileData("tfrecord", train_files, test, sum(counts[p] for p in train_files), sum(counts[p] for p in test),
+                    classes, shape, encoded, how=how, labelled=labelled)
 
 
 # ---- image folders --------------------------------------------------------------------------------------
@@ -254,12 +259,17 @@ def _class_folders(split: Path) -> dict:
     return found
 
 
-def scan_images(data, seed: int) -> FileData:
+def scan_images(data, seed: int, train: bool = True, known: list | None = None) -> FileData:
+    """train=False: the test split alone (evaluate's and predict's): test/<class>/ images, their classes
+    matched by name to `known` (the trained model's, where it names them); else every image under test/ or
+    data.path, at any depth, as inputs alone."""
     started = time.perf_counter()
     root = Path(data.path or "").expanduser().absolute()  # (absolute: tasks read these paths wherever they run)
     if not data.path or not root.is_dir():
         raise ConfigError(f"data.path={data.path} is not a directory: point it at a folder holding train/<class>/ "
                           "(and test/<class>/) image folders")
+    if not train:
+        return _test_images(data, root, known, started)
     if not (root / "train").is_dir():
         raise ConfigError(f"{root} has no train/ folder: lay the images out as {root}/train/<class>/<image>.png")
     train = _class_folders(root / "train")
@@ -294,10 +304,22 @@ def scan_images(data, seed: int) -> FileData:
     if data.num_classes and data.num_classes < len(names):
         raise ConfigError(f"{root} has {len(names)} class folders but data.num_classes={data.num_classes}: set "
                           f"data.num_classes={len(names)}, or null")
-    first = Path(train_files[0])
+    shape = _image_shape(data, train_files + test_files)
+    how = (f"{len(names)} class folders, {len(train_files)} training and {len(test_files)} test image(s)"
+           + ("" if test is not None else f" (data.test_split={data.test_split} of train/)")
+           + f" ({time.perf_counter() - started:.1f} s)")
+    return FileData("images", train_files, test_files, len(train_files), len(test_files),
+                    data.num_classes or len(names), shape, train_labels=train_labels, test_labels=test_labels,
+                    class_names=names, how=how)
+
+
+def _image_shape(data, paths: list) -> list:
+    """[H, W, C] of the images, as the pipeline gives them: every image alike, unless data.image_size
+    resizes them (their headers read, no decoding)."""
+    first = Path(paths[0])
     shape = image_shape(first.read_bytes(), str(first))
-    if not data.image_size:  # every image must be alike: read the headers (no decoding)
-        for path in train_files + test_files:
+    if not data.image_size:
+        for path in paths:
             with open(path, "rb") as f:  # the header alone
                 other = image_shape(f.read(65536), path)
             if other[:2] != shape[:2]:
@@ -307,17 +329,50 @@ def scan_images(data, seed: int) -> FileData:
         shape[:2] = list(data.image_size)
     if data.channels:
         shape[2] = data.channels
-    how = (f"{len(names)} class folders, {len(train_files)} training and {len(test_files)} test image(s)"
-           + ("" if test is not None else f" (data.test_split={data.test_split} of train/)")
-           + f" ({time.perf_counter() - started:.1f} s)")
-    return FileData("images", train_files, test_files, len(train_files), len(test_files),
-                    data.num_classes or len(names), shape, train_labels=train_labels, test_labels=test_labels,
-                    class_names=names, how=how)
+    return shape
 
 
-def scan(data, seed: int) -> FileData:
-    """The data files of data=tfrecord or data=images, checked."""
-    return scan_tfrecords(data) if data.source == "tfrecord" else scan_images(data, seed)
+def _test_images(data, root: Path, known: list | None, started: float) -> FileData:
+    """The test split of an image folder alone: test/<class>/ images, labelled by their folder's name (the
+    model's class of that name where it names its classes, else the folders' sorted order); else every image
+    under test/ (or the folder itself), at any depth, sorted: inputs alone."""
+    top = root / "test" if (root / "test").is_dir() else root
+    folders = sorted(p for p in top.iterdir() if p.is_dir() and not p.name.startswith("."))
+    loose = [p for p in top.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS]
+    labelled = top == root / "test" and bool(folders) and not loose
+    if labelled:
+        found = _class_folders(top)
+        names = list(known or found)
+        unknown = [name for name in found if name not in names]
+        if unknown:
+            raise ConfigError(f"the class folder {top / unknown[0]} names a class the model does not know (it knows "
+                              f"{', '.join(names)}): remove it, or rename it to one of those")
+        paths = [path for name in found for path in found[name]]
+        labels = [names.index(name) for name in found for _ in found[name]]
+        how = (f"{len(found)} class folders of {top}, {len(paths)} test image(s)" +
+               (", matched to the model's classes by name" if known else
+                " (the model names no classes: their sorted order taken as its classes 0, 1, ...)"))
+    else:
+        paths = sorted(str(p) for p in top.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(top).parts))
+        if not paths:
+            raise ConfigError(f"{top} holds no image ({', '.join(IMAGE_EXTENSIONS)}): point data.path at a folder "
+                              "of images")
+        labels, names = [0] * len(paths), list(known or [])
+        how = f"{len(paths)} image(s) under {top}, at any depth, in the order of their paths: inputs alone"
+    if not data.num_classes and not names:
+        raise ConfigError(f"{top}: the number of classes is not known: set data.num_classes (the model's outputs)")
+    return FileData("images", [], paths, 0, len(paths), data.num_classes or len(names), _image_shape(data, paths),
+                    test_labels=labels, class_names=names, labelled=labelled,
+                    how=f"{how} ({time.perf_counter() - started:.1f} s)")
+
+
+def scan(data, seed: int, train: bool = True, known: list | None = None) -> FileData:
+    """The data files of data=tfrecord or data=images, checked. train=False: the test split alone
+    (scan_tfrecords, scan_images)."""
+    if data.source == "tfrecord":
+        return scan_tfrecords(data, train)
+    return scan_images(data, seed, train, known)
 
 
 def from_json(content: dict) -> FileData:

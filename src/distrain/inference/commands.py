@@ -185,7 +185,10 @@ def settle(run_dir: Path, compose, overrides: list):
         raise ConfigError(f"{run_dir} holds no distrain run (no config.yaml): give a run's directory, e.g. "
                           "outputs/DATE/TIME")
     merged = OmegaConf.load(saved_path)
-    asked = compose(overrides)
+    try:  # (the keys of the run's own options: `data.test_files=...` on a run of data=tfrecord is tfrecord's)
+        asked = compose(runs_choices(merged, overrides) + overrides)
+    except Exception:  # noqa: BLE001 - an option of the user's own, not in a config directory: as they are
+        asked = compose(overrides)
     for key in override_keys(overrides):
         if not key.startswith("hydra"):
             OmegaConf.update(merged, key, OmegaConf.select(asked, key), merge=False)
@@ -195,6 +198,23 @@ def settle(run_dir: Path, compose, overrides: list):
         raise ConfigError(f"cluster={cfg.cluster.name}: evaluate and predict run a cluster on this machine only; set "
                           "cluster=local (cluster.workers=N), or a strategy of one process")
     return cfg
+
+
+def runs_choices(saved, overrides: list) -> list:
+    """The run's own option (`group=name`) of each config group whose keys the overrides set without
+    choosing an option of it."""
+    from distrain.config.validate import override_keys
+
+    keys = override_keys(overrides)
+    groups = sorted({key.split(".")[0] for key in keys if "." in key} - set(keys))
+    return [f"{group}={saved[group].name}" for group in groups
+            if OmegaConf.is_dict(saved.get(group)) and saved[group].get("name")]
+
+
+def trained_classes(run_dir: Path) -> list | None:
+    """The trained model's class names (class_names.txt beside its SavedModel), where the data named them."""
+    path = RunDir(run_dir).saved_model / "class_names.txt"
+    return path.read_text().splitlines() if path.is_file() else None
 
 
 def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, where=None):
@@ -208,7 +228,7 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     from distrain.common.topology import Topology
     from distrain.data import arrays as data_lib
     from distrain.task.context import RunContext
-    from distrain.task.input_data import load_data
+    from distrain.task.input_data import load_test_data
     from distrain.task.model import compile_model
     from distrain.task.strategy import configure_devices, make_strategy
     from distrain.task.training import build, set_precision, settle_accuracy
@@ -221,9 +241,12 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     cfg.data.source = source
     # The run's data.json holds its own data files; other data is scanned here (a directory with none).
     where = where or RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
+    trained = RunDir(run_dir).read_results() or {}
+    if "num_classes" in cfg.data and not cfg.data.num_classes and trained.get("num_classes"):
+        cfg.data.num_classes = trained["num_classes"]  # (the model's outputs, whatever labels the test split holds)
     policy = set_precision(cfg)
     keras.utils.set_random_seed(cfg.trainer.seed)
-    data = load_data(cfg, RunContext.of(where, cfg).know_strategy(strategy))
+    data = load_test_data(cfg, RunContext.of(where, cfg).know_strategy(strategy), trained_classes(run_dir))
     check_fits(run_dir, data)
     with strategy.scope():
         model, optimizer, probabilities, _ = build(cfg, data, policy)
@@ -281,6 +304,9 @@ def evaluate_run(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=
     from distrain.task.training import keras_evaluate
 
     data, model, _, said = load(cfg, run_dir, options, data_changed)
+    if not data.labelled:
+        raise ConfigError(f"evaluate needs labels, and {schema.label(cfg.data)} holds inputs alone "
+                          f"({_unlabelled(cfg.data)}): give labelled data, or use distrain predict for the outputs")
     start = time.perf_counter()
     if cluster:
         found, _ = cluster.compute(data, options)
@@ -299,6 +325,15 @@ def evaluate_run(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=
     print(f"Evaluated on {data.test_examples:,} examples of {found['data']} ({said}{_on(cfg)}): {shown} | written to "
           f"{path}", flush=True)
     return found
+
+
+def _unlabelled(data) -> str:
+    """Where the data holds no label, in its own terms."""
+    if data.source == "tfrecord":
+        return f"its records have no {data.label_key}"
+    if data.source == "images":
+        return f"{data.path} has no test/<class>/ folders"
+    return f"{data.path} has no y_test or y"
 
 
 def score(model, outputs, labels, batch_size: int) -> dict:

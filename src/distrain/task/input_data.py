@@ -28,6 +28,7 @@ class TrainingData(Protocol):
     sample_labels: np.ndarray
     class_names: list | None
     streamed: bool  # every task reads the files itself (else arrays in memory)
+    labelled: bool  # False: inputs alone (predict's new data), their labels 0
 
     def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
         """The reader of a split (pipeline.py)."""
@@ -47,6 +48,7 @@ class Arrays(NamedTuple):
     labels: str  # what the labels are (schema.LABELS)
     x_val: np.ndarray | None = None  # data.validation_split's, held out of the training arrays
     y_val: np.ndarray | None = None
+    labelled: bool = True
 
     shape = property(lambda self: self.x_train.shape[1:])
     train_examples = property(lambda self: len(self.y_train))
@@ -83,6 +85,7 @@ class Files(NamedTuple):
     train_examples = property(lambda self: self.found.train_examples)
     test_examples = property(lambda self: self.found.test_examples)
     class_names = property(lambda self: self.found.class_names)
+    labelled = property(lambda self: self.found.labelled)
     sample_labels = property(lambda self: np.zeros(len(self.sample), np.int32))  # (class labels)
     labels = "classes"
     streamed = True  # every task reads the files itself
@@ -116,6 +119,28 @@ def load_data(cfg, context: RunContext) -> TrainingData:
         cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
         (x_train, x_val), (y_train, y_val) = np.split(x_train, [cut]), np.split(y_train, [cut])
     return Arrays(x_train, y_train, x_test, y_test, classes, _steps(t, len(y_train)), labels, x_val, y_val)
+
+
+def load_test_data(cfg, context: RunContext, known: list | None = None) -> TrainingData:
+    """The test split alone, as evaluate and predict read it (the training split is not read: two test
+    examples stand in for it in the model's checks). known: the trained model's class names, which an
+    image folder's class folders are matched to by name. Inputs without labels are read with labels 0
+    (labelled False). data.num_classes, where set, is the model's outputs."""
+    if cfg.data.source in schema.FILE_SOURCES:
+        content = context.run.read_data()
+        found = files.from_json(content) if content else files.scan(cfg.data, cfg.trainer.seed, train=False,
+                                                                     known=known)
+        return Files(found, 1, file_reader(found, cfg).source.sample())
+    reads = schema.labels_read(cfg.loss, cfg.data)
+    x, y = data_lib.load_test(cfg.data, cfg.trainer.seed, reads)
+    labelled = y is not None
+    if not labelled and not cfg.data.get("num_classes"):
+        raise ConfigError("the data holds inputs alone: set data.num_classes (the model's outputs)")
+    labels = reads or (data_lib.labels_of(y) if labelled else "classes" if cfg.data.num_classes > 1 else "values")
+    if not labelled:
+        y = np.zeros(len(x), np.int32) if labels == "classes" else np.zeros((len(x), 1), np.float32)
+    classes = data_lib.num_classes(cfg.data, (y,), labels == "classes")
+    return Arrays(x[:2], y[:2], x, y, classes, 1, labels, labelled=labelled)
 
 
 def _steps(t, examples: int) -> int:

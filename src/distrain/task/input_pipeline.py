@@ -296,10 +296,12 @@ class FileSource:
             checks = []
         else:
             paths, indexes, serialized = batch
-            parsed = tf.io.parse_example(serialized, {
-                data.image_key: tf.io.FixedLenFeature([], tf.string, default_value=""),
-                data.label_key: tf.io.FixedLenFeature([], tf.int64, default_value=-1)})
-            raws, labels = parsed[data.image_key], tf.cast(parsed[data.label_key], tf.int32)
+            keys = (data.image_key, data.label_key) if found.labelled else (data.image_key,)  # (else inputs alone)
+            parsed = tf.io.parse_example(serialized, {key: tf.io.FixedLenFeature(
+                [], tf.string if key == data.image_key else tf.int64, default_value="" if key == data.image_key else -1)
+                for key in keys})
+            raws = parsed[data.image_key]
+            labels = tf.cast(parsed[data.label_key], tf.int32) if found.labelled else tf.zeros(tf.shape(raws), tf.int32)
             where = lambda i: tf.strings.format("record {} of {}", (indexes[i], paths[i]))
             checks = [_check(tf.strings.length(raws) > 0, where, f"has no {data.image_key} (data.image_key)"),
                       _check(labels >= 0, where, f"has no {data.label_key} (data.label_key), or a negative label")]
