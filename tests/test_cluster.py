@@ -259,6 +259,8 @@ def test_tensorflow_errors_of_a_cluster_are_one_line_for_the_launcher():
         "a task of the cluster failed mid-training (Unable to parse request)"
     assert str(lost_peer(tf.errors.UnavailableError(None, None, "Socket closed"), cfg)) == \
         "a task of the cluster was lost mid-training (Socket closed)"
+    assert str(lost_peer(tf.errors.UnavailableError(None, None, "Socket closed"), cfg, "while computing the outputs")) \
+        == "a task of the cluster was lost while computing the outputs (Socket closed)"  # (evaluate, predict)
     assert lost_peer(tf.errors.InternalError(None, None, "a bug of this task's own"), cfg) is None  # control
     assert lost_peer(ValueError("not TensorFlow's"), cfg) is None
 

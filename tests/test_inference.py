@@ -213,16 +213,20 @@ def test_an_override_of_the_runs_own_data_is_composed_with_its_option():
     ([], "predict needs out=PATH"),
     (["out=nodir/p.csv"], "out=nodir/p.csv: there is no directory nodir: create it, or name a file in one that exists"),
     (["out=/proc/p.npz"], "out=/proc/p.npz: /proc cannot be written ("),  # (even for root)
+    (["out=d.csv", "overwrite=true"], "out=d.csv is a directory: name a file"),  # (d.csv/ made below)
 ])
 def test_bad_input_is_one_line_and_writes_nothing(trained, tmp_path, monkeypatch, capsys, args, says):
     run = trained[0]
     monkeypatch.chdir(tmp_path)
+    made = ["d.csv"] if "out=d.csv" in args else []
+    for name in made:
+        (tmp_path / name).mkdir()
     code = use("predict", run, *args)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(lines) == 1, err
     assert says in lines[0]
-    assert not list(tmp_path.iterdir())  # nothing written
+    assert [p.name for p in tmp_path.iterdir()] == made and not list((tmp_path / "d.csv").glob("*"))  # nothing written
 
 
 def test_data_that_does_not_fit_the_model_says_both(trained, tmp_path, capsys):

@@ -2,6 +2,7 @@
 of the user's, outside the package: every strategy trains them as it trains the built-in ones."""
 import csv
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -276,11 +277,40 @@ def test_mixed_precision_needs_no_change_in_a_user_model(user_dir, builder):
 
 
 @pytest.mark.slow
-def test_a_saved_model_goes_on_training(user_dir):
-    first, _ = train(config(*NPZ, "model._target_=usermodels.tiny", "trainer.save_model=true"), user_dir / "one")
+def test_a_saved_model_goes_on_training_and_is_used_where_its_code_is_not(user_dir, tmp_path_factory, monkeypatch,
+                                                                         capsys):
+    """A run of the user's builder goes on training from its SavedModel; `distrain evaluate` from another
+    directory, where the builder's module is not, loads the SavedModel whole and gives the figures it gives
+    beside the code (control: a checkpoint needs the code, and the line says so)."""
+    from omegaconf import OmegaConf
+
+    from distrain.inference import commands as inference
+
+    cfg = config(*NPZ, "model._target_=usermodels.tiny", "trainer.save_model=true")
+    first, _ = train(cfg, user_dir / "one")
+    OmegaConf.save(cfg, user_dir / "one" / "config.yaml")  # (what the launcher adds)
+    (user_dir / "one" / "results.json").write_text(json.dumps(first))
     results, model = train(config(*NPZ, f"model.path={user_dir / 'one' / 'saved_model'}"), user_dir / "two")
     assert results["model_params"] == first["model_params"]
     assert results["history"]["loss"][0] < first["history"]["loss"][0]  # it starts where the first ended
+
+    def evaluate(*args):
+        return inference.main("evaluate", [str(user_dir / "one"), f"data.path={user_dir / 'colours.npz'}", *args],
+                              lambda overrides: make_cfg(*overrides))
+
+    assert evaluate("name=beside") == 0
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in (str(user_dir), "")])
+    monkeypatch.delitem(sys.modules, "usermodels")
+    assert evaluate("name=elsewhere") == 0, capsys.readouterr().err
+    beside, elsewhere = (json.loads((user_dir / "one" / "evaluations" / f"{name}.json").read_text())
+                         for name in ("beside", "elsewhere"))
+    assert elsewhere["weights"].endswith("whole: no module of model._target_=usermodels.tiny here")
+    assert (elsewhere["loss"], elsewhere["accuracy"]) == (beside["loss"], beside["accuracy"])
+    capsys.readouterr()
+    assert evaluate("checkpoint=latest") == 2
+    assert capsys.readouterr().err.strip().endswith("(a checkpoint needs the model's code; the run's SavedModel, "
+                                                    "where there is one, does not)")
 
 
 @pytest.mark.parametrize("builder, says", [

@@ -477,6 +477,9 @@ def test_tensorflow_startup_noise_is_recognised():
                                 b'to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:42645: Failed to connect to '
                                 b'remote host: Connection refused')
     assert task_output.is_noise(b".1:42475: Failed to connect to remote host: Connection refused")
+    assert task_output.is_noise(b"E0000 coordination_service_agent.cc:332] Polled an error from coordination service "
+                                b"(this can be an error from this or another task): UNAVAILABLE: The tasks have "
+                                b"crashed. Check the task logs for an earlier error to debug further.")
     assert not task_output.is_noise(b"error: device /gpu:7 is not on this machine")
 
 
@@ -560,6 +563,20 @@ def test_each_job_is_a_session_and_the_sweep_one_experiment(tmp_path):
                                           (3, 3), ("[1,2]", "[1,2]")])
 def test_hyperparameters_take_tensorboards_types(given, taken):
     assert dashboard.typed(given) == taken and type(dashboard.typed(given)) is type(taken)
+
+
+def test_a_run_s_curves_draw_the_test_loss_and_the_test_metric(tmp_path, monkeypatch):
+    from distrain.report import plots
+
+    results = {"history": {"loss": [2.3, 1.1], "accuracy": [0.4, 0.7]}, "test_accuracy": 0.93, "test_loss": 0.25,
+               "strategy": "mirrored", "model": "cnn", "data": "mnist", "num_replicas": 2, "global_batch_size": 256}
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(
+        [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]))
+    plots.curves(results, tmp_path / "curves.png")
+    plots.curves({k: v for k, v in results.items() if k != "test_loss"}, tmp_path / "curves.png")  # the control
+    assert drawn == [[["training", "test: 0.25"], ["training", "test: 93.00%"]], [["training"], ["training",
+                                                                                                 "test: 93.00%"]]]
 
 
 def test_a_run_s_curves_are_the_picture_matplotlib_lays_out_and_draw_once(tmp_path, monkeypatch):

@@ -100,8 +100,10 @@ def _read(path) -> str:
         return ""
 
 
-def where(stacks: str, synchronous: bool) -> str:
-    """Where the main thread of a dump waits, in words: the innermost frame of distrain's own code."""
+def where(stacks: str, peers: str) -> str:
+    """Where the main thread of a dump waits, in words: the innermost frame of distrain's own code. peers:
+    what the task's steps wait for besides its own work: "workers" (synchronous peers: the all-reduces), "ps"
+    (a coordinator: the workers' steps) or "none" (one process)."""
     threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stacks)
     task_main = re.escape(os.path.join("task", "main.py"))
     main = next((t for t in threads if re.search(rf'{re.escape(os.sep)}{task_main}", line \d+ in main', t)), threads[0])
@@ -111,10 +113,11 @@ def where(stacks: str, synchronous: bool) -> str:
         return f"is in {frames[0][2]}" if frames else "is somewhere without a Python frame"
     name, line, func = ours[0]  # (faulthandler lists the most recent call first)
     if name == "runners.py" and func == "run":
-        return ("waits in a training step (the gradients' all-reduce, waiting for its peers)" if synchronous else
-                "is waiting for the workers' steps")
+        return {"workers": "waits in a training step (the gradients' all-reduce, waiting for its peers)",
+                "ps": "is waiting for the workers' steps"}.get(peers, "is in a training step")
     if name == "runners.py" and func == "across_workers":
-        return "waits in the epoch's all-reduce of the metric sums (waiting for its peers)"
+        return "waits in the epoch's all-reduce of the metric sums (waiting for its peers)" if peers == "workers" \
+            else "is summing the epoch's metrics"
     if name == "checkpoints.py":
         return "is saving a checkpoint"
     if name == "training.py" and func in ("keras_evaluate", "on_a_copy"):
@@ -124,11 +127,11 @@ def where(stacks: str, synchronous: bool) -> str:
     return f"is in {func} ({name}:{line})"
 
 
-def summary(found: dict, synchronous: bool) -> str:
-    """One line: what each task does, the ones that did not answer first."""
+def summary(found: dict, peers: str) -> str:
+    """One line: what each task does (peers: as where() takes it), the ones that did not answer first."""
     at = lambda step: f" at step {step}" if step is not None else ""
     silent = [f"{name} stopped answering{at(step)}" for name, (step, stacks) in found.items() if not stacks.strip()]
-    busy = [f"{name} {where(stacks, synchronous)}{at(step)}" for name, (step, stacks) in found.items()
+    busy = [f"{name} {where(stacks, peers)}{at(step)}" for name, (step, stacks) in found.items()
             if stacks.strip()]
     return "; ".join(silent + busy)
 
@@ -156,8 +159,8 @@ def look(tasks: list, run) -> None:
         f"no training step for {still[0][0].stall_after:g} s: half of cluster.peer_timeout"
     found = dump(tasks)
     stamp = record(found, {t.name: t.write_log for t in tasks}, why)
-    synchronous = not any(t.task and t.task.type == "ps" for t in tasks)
-    said = summary(found, synchronous)
+    peers = "ps" if any(t.task and t.task.type == "ps" for t in tasks) else "workers" if len(tasks) > 1 else "none"
+    said = summary(found, peers)
     if asked:
         text = [f"{stamp}: {said}", ""] + [f"--- {name} (step {step}) ---\n{stack or '(no answer)'}"
                                            for name, (step, stack) in found.items()]

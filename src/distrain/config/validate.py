@@ -38,11 +38,12 @@ def configured_replicas(strategy: DictConfig, topology: Topology):
     return None  # one replica per GPU present: the task checks once it sees the devices
 
 
-def validate(cfg: DictConfig) -> DictConfig:
-    """The checked config (resolved, values of their schema's types), or a one-line ConfigError."""
+def validate(cfg: DictConfig, model_code: bool = True) -> DictConfig:
+    """The checked config (resolved, values of their schema's types), or a one-line ConfigError.
+    model_code=False: the model's builder need not be importable (a run's SavedModel holds the model)."""
     cfg = _renamed(checking.check(cfg))
     for group in schema.OWN:
-        if cfg[group].get("_target_"):
+        if cfg[group].get("_target_") and (model_code or group != "model"):
             check_importable(f"{group}._target_", cfg[group]._target_)
     for group in ("metrics", "callbacks"):
         for name, entry in (cfg.get(group) or {}).items():
@@ -230,9 +231,16 @@ def check_importable(key: str, target: str) -> None:
     """The top module of a builder or loader can be found from here (this directory, PYTHONPATH, the
     installed packages) without importing it: a typo fails now, not once every task has started."""
     top = target.split(".")[0]
-    if importlib.util.find_spec(top) is None and importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:
+    if not importable(target):
         raise ConfigError(f"{key}={target}: there is no module {top} in this directory ({os.getcwd()}) or on "
                           f"PYTHONPATH: run from the directory that holds {top}.py, or add its directory to PYTHONPATH")
+
+
+def importable(target: str) -> bool:
+    """Whether the top module of `target` can be found from here, without importing it."""
+    top = target.split(".")[0]
+    return importlib.util.find_spec(top) is not None or \
+        importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is not None
 
 
 def instantiate(key: str, node, fix: str, **kwargs):

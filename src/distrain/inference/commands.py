@@ -75,7 +75,7 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
     """One evaluation or prediction: what it wrote ({} if it failed, saying why in one line)."""
     try:
         out = _out(options) if command == "predict" else None
-        cfg = settle(run_dir, compose, overrides)
+        cfg = settle(run_dir, compose, overrides, options.get("checkpoint"))
         from distrain.data.write_tfrecords import tensorflow_lines_to
         from distrain.launcher.launch import environment
 
@@ -108,8 +108,6 @@ def sweep_overrides(overrides: list) -> tuple[list[list], list]:
 def several(command: str, jobs: list, options: dict, compose, varied: list) -> int:
     """Each job in turn (a failed one recorded, the others go on), then a table of them all; exit status 1
     if any failed. predict's out=NAME.EXT becomes NAME-<job>.EXT for each."""
-    import tf_keras as keras
-
     from distrain.report.sweep import split_override
 
     rows = []
@@ -123,7 +121,8 @@ def several(command: str, jobs: list, options: dict, compose, varied: list) -> i
             print_error(f"job #{n} failed: {type(exc).__name__}: {first_line(str(exc), 300)}")
             found = {}
         rows.append({"#": n, "run": str(run), **values, "status": "ok" if found else "failed", **found})
-        keras.backend.clear_session()
+        if keras := sys.modules.get("tf_keras"):  # (imported by the job, where its start-up lines go to its log)
+            keras.backend.clear_session()
     print(table(rows, varied), flush=True)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
@@ -158,6 +157,8 @@ def _out(options: dict, exists_ok: bool = False) -> Path:
     out = Path(options["out"])
     if out.suffix not in FORMATS:
         raise ConfigError(f"out={out} is of no format predict writes: name a file ending in {' or '.join(FORMATS)}")
+    if out.is_dir():  # (now, not once every output is computed: overwrite=true cannot replace it)
+        raise ConfigError(f"out={out} is a directory: name a file")
     if out.exists() and not exists_ok and options.get("overwrite", "false").lower() != "true":
         raise ConfigError(f"out={out} exists: name another file, or set overwrite=true")
     if not out.parent.is_dir():  # (now, not once every output is computed)
@@ -174,9 +175,10 @@ def _data_changed(overrides: list) -> bool:
     return any(key.split(".")[0] == "data" for key in override_keys(overrides))
 
 
-def settle(run_dir: Path, compose, overrides: list):
+def settle(run_dir: Path, compose, overrides: list, checkpoint: str | None = None):
     """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
-    a run would compose it), checked."""
+    a run would compose it), checked. The model's code need not be here where the run's SavedModel is used
+    (no checkpoint named): it holds the model."""
     from distrain.common.topology import Topology
     from distrain.config.validate import override_keys, validate
 
@@ -192,7 +194,14 @@ def settle(run_dir: Path, compose, overrides: list):
     for key in override_keys(overrides):
         if not key.startswith("hydra"):
             OmegaConf.update(merged, key, OmegaConf.select(asked, key), merge=False)
-    cfg = validate(merged)
+    whole = checkpoint is None and RunDir(run_dir).saved_model.is_dir()
+    try:
+        cfg = validate(merged, model_code=not whole)
+    except ConfigError as exc:
+        if str(exc).startswith("model._target_="):
+            raise ConfigError(f"{exc} (a checkpoint needs the model's code; the run's SavedModel, where there is "
+                              "one, does not)") from None
+        raise
     topology = Topology.of(cfg)
     if topology.clustered and not topology.local:
         raise ConfigError(f"cluster={cfg.cluster.name}: evaluate and predict run a cluster on this machine only; set "
@@ -226,10 +235,12 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     import tf_keras as keras
 
     from distrain.common.topology import Topology
+    from distrain.config.validate import importable
     from distrain.data import arrays as data_lib
     from distrain.task.context import RunContext
     from distrain.task.input_data import load_test_data
-    from distrain.task.model import compile_model
+    from distrain.task.model import check_model, compile_model
+    from distrain.task.optimizer import make_optimizer
     from distrain.task.strategy import configure_devices, make_strategy
     from distrain.task.training import build, set_precision, settle_accuracy
 
@@ -248,10 +259,19 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     keras.utils.set_random_seed(cfg.trainer.seed)
     data = load_test_data(cfg, RunContext.of(where, cfg).know_strategy(strategy), trained_classes(run_dir))
     check_fits(run_dir, data)
+    saved = RunDir(run_dir).saved_model
+    target = cfg.model.get("_target_")
     with strategy.scope():
-        model, optimizer, probabilities, _ = build(cfg, data, policy)
+        if target and not importable(target) and options.get("checkpoint") is None and saved.is_dir():
+            model = keras.models.load_model(str(saved), compile=False)  # (the model whole, without its code)
+            probabilities = check_model(model, data.sample, data.classes, data.labels == "classes")
+            optimizer, _ = make_optimizer(cfg, data.steps, policy)
+            said = f"the SavedModel {saved}, whole: no module of model._target_={target} here"
+        else:
+            model, optimizer, probabilities, _ = build(cfg, data, policy)
+            said = None
     settle_accuracy(cfg, data, probabilities)
-    said = restore(model, run_dir, cfg, options.get("checkpoint"))
+    said = said or restore(model, run_dir, cfg, options.get("checkpoint"))
     compile_model(model, optimizer, cfg, probabilities)
     return data, model, probabilities, said
 

@@ -31,7 +31,8 @@ NOISE = (b"All log messages before absl::InitializeLog()", b"oneDNN custom opera
          b"OP_REQUIRES failed at",  # an op's error, which the task says in its own words
          b"Profiling is late by",  # a worker asked for its trace (trainer.profile under parameter servers)
          b"Aborting RingReduce with", b"BaseCollectiveExecutor::StartAbort",  # a synchronous peer lost:
-         b"The error could be from a previous operation", b"[[{{function_node ")  # the task says so once
+         b"The error could be from a previous operation", b"[[{{function_node ",  # the task says so once
+         b"The tasks have crashed. Check the task logs")  # (TensorFlow's coordination service, the same)
 
 
 def is_noise(line: bytes) -> bool:

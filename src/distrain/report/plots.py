@@ -23,17 +23,21 @@ def _save(fig, path: Path) -> Path:
 
 
 def curves(results: dict, path: Path) -> Path:
-    """Training loss and the first metric (accuracy by default) per epoch, with their test values."""
+    """The training loss and the first metric (accuracy by default) per epoch, each with its test value."""
     history = results["history"]
     epochs = range(1, len(history["loss"]) + 1)
     metric = next((name for name in history if name != "loss" and not name.startswith(("time_", "val_"))), "loss")
     fig, (loss, other) = plt.subplots(1, 2, figsize=(10, 4))
-    loss.plot(epochs, history["loss"], marker="o")
-    loss.set(title="training loss", xlabel="epoch", ylabel="loss")
+    loss.plot(epochs, history["loss"], marker="o", label="training")
+    if isinstance(results.get("test_loss"), (int, float)):
+        loss.axhline(results["test_loss"], color="tab:green", linestyle="--", label=f"test: {results['test_loss']:.4g}")
+    loss.set(title="loss", xlabel="epoch", ylabel="loss")
+    loss.legend()
     other.plot(epochs, history[metric], marker="o", label="training")
-    test = results[f"test_{metric}"]
-    other.axhline(test, color="tab:green", linestyle="--",
-                  label=f"test: {test:.2%}" if metric == "accuracy" else f"test: {test:.4g}")
+    test = results.get(f"test_{metric}")
+    if isinstance(test, (int, float)):
+        other.axhline(test, color="tab:green", linestyle="--",
+                      label=f"test: {test:.2%}" if metric == "accuracy" else f"test: {test:.4g}")
     other.set(title=metric, xlabel="epoch", ylabel=metric)
     other.legend()
     for ax in (loss, other):

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                 parts.write(where / "parts", k, plan[k][0], outputs, labels if job["labels"] else None)
                 progress.one_more(len(outputs))
         except tf.errors.OpError as exc:  # (a parameter server lost: the launcher restarts the cluster)
-            lost = lost_peer(exc, cfg)
+            lost = lost_peer(exc, cfg, during="while computing the outputs")
             if lost is None:
                 raise
             print(f"{lost}: the launcher restarts the cluster, which goes on with the parts not written", flush=True)

@@ -122,9 +122,9 @@ def say_preempted(exc: Preempted, cfg, run: RunDir) -> None:
           flush=True)
 
 
-def lost_peer(exc: Exception, cfg) -> PeerLost | None:
+def lost_peer(exc: Exception, cfg, during: str = "mid-training") -> PeerLost | None:
     """A TensorFlow error that says a peer died or stopped answering (a collective aborted, a
-    parameter server gone), as PeerLost; None for any other error."""
+    parameter server gone), as PeerLost (`during`: what the cluster was doing); None for any other error."""
     import tensorflow as tf
 
     if isinstance(exc, PeerLost):
@@ -136,17 +136,17 @@ def lost_peer(exc: Exception, cfg) -> PeerLost | None:
     if hung:
         task = re.sub(r"/job:(\w+)/replica:\d+/task:(\d+)", r"\1 \2", hung.group(1))
         return PeerLost(f"{task} stopped answering for {cfg.cluster.peer_timeout:g} s (cluster.peer_timeout) "
-                        "mid-training", hung=True)
+                        f"{during}", hung=True)
     if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError)) or "Collective ops is aborted" in text:
         cause = re.search(r"aborted by: ([^\n]+)", text) or re.search(r"([^\n]*(?:unavailable|failed to connect|"
                                                                        r"reset|closed)[^\n]*)", text, re.I)
         why = f" ({cause.group(1).strip()[:160]})" if cause else ""
-        return PeerLost(f"a task of the cluster was lost mid-training{why}")
+        return PeerLost(f"a task of the cluster was lost {during}{why}")
     if isinstance(exc, tf.errors.InternalError) and "from remote target /job:" in text:  # another task failed
         # the step inside TensorFlow (seen once, in a restarted cluster: a request that arrived corrupt)
         cause = re.search(r"\}\}\s*([^\n|]+)", text)
         why = cause.group(1).strip()[:160] if cause else type(exc).__name__
-        return PeerLost(f"a task of the cluster failed mid-training ({why})")
+        return PeerLost(f"a task of the cluster failed {during} ({why})")
     return None
 
 
