@@ -296,8 +296,8 @@ CASES = [
      "{no_classes}/train has no class folders: lay the images out as "),
     ("images-empty-class", ["data=images", "data.path={empty_class}"],
      "class folder {empty_class}/train/cat holds no image (.png, "),
-    ("images-test-classes-differ", ["data=images", "data.path={differ}", "data.image_size=[28,28]"],
-     "the class folders of {differ}/test (dog) differ from those of "),
+    ("images-test-class-unknown", ["data=images", "data.path={differ}", "data.image_size=[28,28]"],
+     "the class folder {differ}/test/bird is not a class of {differ}/train (cat, dog): rename or remove it"),
     ("images-sizes-differ", ["data=images", "data.path={sizes_differ}"], "images differ in size ("),
     ("images-no-test-split", ["data=images", "data.path={no_test}"], "{no_test} has no test/ folder: add "),
     # ---- a user's own model and data (tests/test_own_model.py: the errors that need their code) ----
@@ -335,7 +335,7 @@ def _materialise(tmp_path, args):
 
 def _data_files(tmp_path) -> dict:
     """Bad data in files, as a user may have it: TFRecord files that are not, cut short, with other keys, of raw
-    pixels; image folders with no class folders, an empty class, test classes that differ, images of two
+    pixels; image folders with no class folders, an empty class, a test class not in train/, images of two
     sizes, no test/. And a sound shard of 8 digits ({shard})."""
     import numpy as np
     import tensorflow as tf
@@ -365,7 +365,7 @@ def _data_files(tmp_path) -> dict:
         "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})
     (found["no_classes"] / "train").mkdir(parents=True)
     (found["empty_class"] / "train" / "cat").mkdir(parents=True)
-    for folder, images in (("differ", ["train/cat/a", "train/dog/b", "test/dog/c"]),
+    for folder, images in (("differ", ["train/cat/a", "train/dog/b", "test/dog/c", "test/bird/d"]),
                            ("sizes_differ", ["train/cat/a", "train/dog/b", "test/cat/c", "test/dog/d"]),
                            ("no_test", ["train/cat/a", "train/dog/b"])):
         for n, image in enumerate(images):

@@ -81,6 +81,53 @@ def test_test_split_holds_out_a_seeded_fraction_of_each_class(folder, tmp_path):
     assert files.scan(cfg.data, seed=2).test_files != a.test_files  # the control: another seed, another split
 
 
+def test_classes_are_matched_by_name_in_training_and_in_a_test_split_alone(folder, tmp_path):
+    """data.class_names orders an image folder's classes (the control: by default, the folders sorted); a test/
+    of some of train/'s classes keeps their labels; a class folder of neither is one line."""
+    some = tmp_path / "some"
+    (some / "test").mkdir(parents=True)
+    (some / "train").symlink_to(folder / "train", target_is_directory=True)
+    for digit in (7, 3):
+        (some / "test" / f"digit-{digit}").symlink_to(folder / "test" / f"digit-{digit}", target_is_directory=True)
+    base = ["data=images", f"data.path={some}", "data.image_size=[28,28]"]
+    found = files.scan(make_cfg(*base).data, seed=0)
+    assert found.class_names == [f"digit-{d}" for d in range(10)] and set(found.test_labels) == {3, 7}
+    backwards = [f"digit-{d}" for d in range(9, -1, -1)]
+    given = files.scan(make_cfg(*base, f"data.class_names=[{','.join(backwards)}]").data, seed=0)
+    assert given.class_names == backwards and set(given.test_labels) == {6, 2}  # (9 - 3, 9 - 7)
+    assert given.train_files[0].split("/")[-2] == "digit-9" and given.train_labels[0] == 0
+    # The test split alone (evaluate, predict): the model's classes, by name; else the folders' sorted order, said.
+    alone = files.scan(make_cfg(*base).data, seed=0, train=False, known=backwards)
+    assert set(alone.test_labels) == {6, 2} and "matched by name to the classes of the model" in alone.how
+    sorted_ = files.scan(make_cfg(*base, "data.num_classes=10").data, seed=0, train=False)
+    assert set(sorted_.test_labels) == {0, 1} and "taken to be the folders in sorted order (digit-3, digit-7)" in \
+        sorted_.how
+    (some / "test" / "digit-x").symlink_to(folder / "test" / "digit-1", target_is_directory=True)
+    with pytest.raises(ConfigError, match=f"the class folder {some}/test/digit-x is not a class of {some}/train"):
+        files.scan(make_cfg(*base).data, seed=0)
+    with pytest.raises(ConfigError, match="digit-x names a class the model does not know"):
+        files.scan(make_cfg(*base).data, seed=0, train=False, known=backwards)
+
+
+def test_tfrecords_name_their_classes_as_write_tfrecords_writes_them(tmp_path):
+    """image/class/text names each label's class (write-tfrecords writes it from data.class_names); the
+    control: shards without it name none; two names for one label are one line."""
+    from distrain.data import write_tfrecords as tfrecords
+
+    x, y = digits(64)
+    names = "zero one two three four five six seven eight nine".split()
+    tfrecords.write(x, y, tmp_path / "named", "train", 2, names=names)
+    tfrecords.write(x, y, tmp_path / "plain", "train", 2)
+    scan = lambda where: files.scan(make_cfg("data=tfrecord", f"data.train_files={where}/*",
+                                             f"data.test_files={where}/*").data, seed=0)
+    assert scan(tmp_path / "named").class_names == names and scan(tmp_path / "plain").class_names == []
+    renamed = list(names)
+    renamed[int(y[0])] = "other"  # (the first record's label named otherwise in a second file)
+    tfrecords.write(x[:1], y[:1], tmp_path / "named", "zz", 1, names=renamed)
+    with pytest.raises(ConfigError, match=f"label {int(y[0])} is named both {names[int(y[0])]} and other"):
+        scan(tmp_path / "named")
+
+
 # ---- the pipeline -------------------------------------------------------------------------------------
 
 def test_each_pipeline_reads_only_its_own_files(tmp_path):

@@ -166,10 +166,13 @@ def _layout(value) -> str:
 
 
 def num_classes(data, labels, class_indices: bool = True) -> int:
-    """data.num_classes, else one more than the largest label of these (the training and test labels);
+    """data.num_classes, else data.class_names' number, else one more than the largest label of these (the
+    training and test labels);
     of other labels (class_indices=False): a label's size (the outputs a model needs: 1 for (N,) labels)."""
     if not class_indices:
         return data.get("num_classes") or int(np.prod(labels[0].shape[1:], dtype=int))
+    if data.get("class_names") and not data.get("num_classes"):
+        return len(data.class_names)
     return data.get("num_classes") or not_one_class(int(max(int(y.max()) for y in labels)) + 1, "the data's labels")
 
 

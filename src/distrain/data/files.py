@@ -19,6 +19,7 @@ import numpy as np
 from distrain.common.errors import ConfigError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")  # what tf.io.decode_image reads
+TEXT_KEY = "image/class/text"  # a record's class name (Model Garden's and TF-Slim's layout)
 PNG, JPEG, GIF, BMP = b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM"
 
 
@@ -228,18 +229,37 @@ def scan_tfrecords(data, train: bool = True) -> FileData:
         shape[2] = data.channels
     how = (f"{len(train_files)} training file(s), {len(test)} test file(s); examples counted from the record "
            "headers without decoding" + ("" if labelled else f"; no label ({data.label_key}): inputs alone"))
-    classes = data.num_classes
+    names = list(data.class_names or [])
+    classes = data.num_classes or len(names)
     if not classes and not labelled:
         raise ConfigError(f"{where} has no label, and data.num_classes is not set: set it (the model's outputs)")
-    if not classes:  # one stated pass over the labels
-        largest = max(parse_example(record)[data.label_key][1][0] for path in train_files + test
-                      for record in tfrecord_records(Path(path)))
-        classes = not_one_class(largest + 1, f"the labels ({data.label_key}) of every record")
-        how += f"; {classes} classes: one more than the largest label, read in one pass over every record " \
-               "(set data.num_classes to skip it)"
+    texts = labelled and not names and first.get(TEXT_KEY, ("",))[0] == "bytes"  # (the records name their classes)
+    if not classes or texts:  # one stated pass over the labels (and their names)
+        largest, named = _labels(train_files + test, data.label_key, texts)
+        classes = classes or not_one_class(largest + 1, f"the labels ({data.label_key}) of every record")
+        names = [named.get(i, str(i)) for i in range(classes)] if texts else names
+        how += f"; {classes} classes" + (f" named by {TEXT_KEY}" if texts else "") + \
+            ", read in one pass over every record (set data.num_classes and data.class_names to skip it)"
     how += f" ({time.perf_counter() - started:.1f} s)"
     return FileData("tfrecord", train_files, test, sum(counts[p] for p in train_files), sum(counts[p] for p in test),
-                    classes, shape, encoded, how=how, labelled=labelled)
+                    classes, shape, encoded, how=how, labelled=labelled, class_names=names)
+
+
+def _labels(paths: list, label_key: str, texts: bool) -> tuple[int, dict]:
+    """(The largest label of the records, and where they name their classes (texts) each label's name); two
+    names for a label are a ConfigError naming both."""
+    largest, named = -1, {}
+    for path in paths:
+        for record in tfrecord_records(Path(path)):
+            example = parse_example(record)
+            label = example[label_key][1][0]
+            largest = max(largest, label)
+            if texts and TEXT_KEY in example:
+                name = example[TEXT_KEY][1][0].decode(errors="replace")
+                if named.setdefault(label, name) != name:
+                    raise ConfigError(f"{path}: label {label} is named both {named[label]} and {name} ({TEXT_KEY}): "
+                                      "give each label one name")
+    return largest, named
 
 
 # ---- image folders --------------------------------------------------------------------------------------
@@ -259,6 +279,15 @@ def _class_folders(split: Path) -> dict:
     return found
 
 
+def _known(found: dict, names: list, split: Path, by: str | None) -> None:
+    """Each class folder found is one of the names (by: what names them, data.class_names or the training
+    folder; None: the folders themselves), else a ConfigError naming it."""
+    unknown = [name for name in found if name not in names]
+    if unknown and by:
+        raise ConfigError(f"the class folder {split / unknown[0]} is not a class of {by} ({', '.join(names)}): "
+                          f"rename or remove it{', or add it to data.class_names' if by == 'data.class_names' else ''}")
+
+
 def scan_images(data, seed: int, train: bool = True, known: list | None = None) -> FileData:
     """train=False: the test split alone (evaluate's and predict's): test/<class>/ images, their classes
     matched by name to `known` (the trained model's, where it names them); else every image under test/ or
@@ -273,12 +302,12 @@ def scan_images(data, seed: int, train: bool = True, known: list | None = None) 
     if not (root / "train").is_dir():
         raise ConfigError(f"{root} has no train/ folder: lay the images out as {root}/train/<class>/<image>.png")
     train = _class_folders(root / "train")
-    names = list(train)
+    names = list(data.class_names or train)  # (the labels' order: data.class_names', else the folders' sorted)
+    _known(train, names, root / "train", "data.class_names" if data.class_names else None)
     if (root / "test").is_dir():
-        test = _class_folders(root / "test")
-        if list(test) != names:
-            raise ConfigError(f"the class folders of {root / 'test'} ({', '.join(test)}) differ from those of "
-                              f"{root / 'train'} ({', '.join(names)}): give both the same classes")
+        test = _class_folders(root / "test")  # (some of the classes, or all: a test set of some is fair)
+        _known(test, list(data.class_names or train), root / "test",
+               "data.class_names" if data.class_names else str(root / "train"))
         split = lambda files: (sorted(files), [])
     elif data.test_split:
         import numpy as np
@@ -295,10 +324,10 @@ def scan_images(data, seed: int, train: bool = True, known: list | None = None) 
                           "data.test_split=0.2 to hold out a fraction of train/")
     train_files, train_labels, test_files, test_labels = [], [], [], []
     for index, name in enumerate(names):
-        kept, held = split(train[name])
+        kept, held = split(train.get(name, []))
         train_files += kept
         train_labels += [index] * len(kept)
-        held = test[name] if test is not None else held
+        held = test.get(name, []) if test is not None else held
         test_files += held
         test_labels += [index] * len(held)
     if data.num_classes and data.num_classes < len(names):
@@ -342,23 +371,26 @@ def _test_images(data, root: Path, known: list | None, started: float) -> FileDa
     labelled = top == root / "test" and bool(folders) and not loose
     if labelled:
         found = _class_folders(top)
-        names = list(known or found)
+        given = list(data.class_names or known or [])
+        names = given or list(found)
         unknown = [name for name in found if name not in names]
         if unknown:
             raise ConfigError(f"the class folder {top / unknown[0]} names a class the model does not know (it knows "
                               f"{', '.join(names)}): remove it, or rename it to one of those")
         paths = [path for name in found for path in found[name]]
         labels = [names.index(name) for name in found for _ in found[name]]
-        how = (f"{len(found)} class folders of {top}, {len(paths)} test image(s)" +
-               (", matched to the model's classes by name" if known else
-                " (the model names no classes: their sorted order taken as its classes 0, 1, ...)"))
+        how = f"{len(found)} class folders of {top}, {len(paths)} test image(s), " + (
+            f"matched by name to the classes of {'data.class_names' if data.class_names else 'the model'}" if given
+            else f"classes by position: the model names none, so its classes 0, 1, ... are taken to be the folders "
+                 f"in sorted order ({', '.join(names)}); set data.class_names=[...] to its classes in label order "
+                 "to match them by name")
     else:
         paths = sorted(str(p) for p in top.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
                        and not any(part.startswith(".") for part in p.relative_to(top).parts))
         if not paths:
             raise ConfigError(f"{top} holds no image ({', '.join(IMAGE_EXTENSIONS)}): point data.path at a folder "
                               "of images")
-        labels, names = [0] * len(paths), list(known or [])
+        labels, names = [0] * len(paths), list(data.class_names or known or [])
         how = f"{len(paths)} image(s) under {top}, at any depth, in the order of their paths: inputs alone"
     if not data.num_classes and not names:
         raise ConfigError(f"{top}: the number of classes is not known: set data.num_classes (the model's outputs)")

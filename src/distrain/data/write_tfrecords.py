@@ -6,8 +6,9 @@ data can move from memory to files in one command:
     python train.py data=tfrecord 'data.train_files=data/train-*' 'data.test_files=data/test-*'
 
 Each record is a tf.train.Example: image/encoded (PNG; with encoding=raw the uint8 pixels themselves,
-larger files but no decoding: the fastest to stream), image/class/label (int64), image/height,
-image/width, image/channels; uint8 images as they are, float images in [0, 1] scaled to 0-255.
+larger files but no decoding: the fastest to stream), image/class/label (int64), image/class/text (the
+class's name, where data.class_names names them), image/height, image/width, image/channels; uint8 images
+as they are, float images in [0, 1] scaled to 0-255.
 """
 import contextlib
 import os
@@ -21,15 +22,16 @@ import numpy as np
 from distrain.common import storage
 from distrain.common.errors import ConfigError, fail, print_error
 from distrain.config.schema import FILE_SOURCES
+from distrain.data.files import TEXT_KEY
 
 USAGE = ("distrain write-tfrecords [--config-dir DIR] [data=... overrides] out=DIR [shards=N] [encoding=png|raw]   "
          "(e.g. data=npz data.path=x.npz out=data)")
 OPTIONS = ("out", "shards", "encoding")
 
 
-def write(images, labels, out_dir: Path, split: str, shards: int, raw: bool = False) -> list[Path]:
+def write(images, labels, out_dir: Path, split: str, shards: int, raw: bool = False, names=None) -> list[Path]:
     """The images (N, H, W, C) and labels as `shards` files out_dir/{split}-00000-of-0000N.tfrecord, example i
-    in shard i % shards; PNG-encoded, or raw uint8 pixels."""
+    in shard i % shards; PNG-encoded, or raw uint8 pixels; names: each label's class name (image/class/text)."""
     import tensorflow as tf
 
     if images.dtype != np.uint8:
@@ -44,6 +46,8 @@ def write(images, labels, out_dir: Path, split: str, shards: int, raw: bool = Fa
                 feature = {"image/encoded": _bytes(encoded), "image/class/label": _ints(int(labels[i])),
                            "image/height": _ints(height), "image/width": _ints(width),
                            "image/channels": _ints(channels)}
+                if names:
+                    feature[TEXT_KEY] = _bytes(str(names[int(labels[i])]).encode())
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return paths
 
@@ -129,7 +133,7 @@ def _write(cfg, out: Path, shards: int, raw: bool) -> int:
     except ConfigError as exc:
         return fail(exc)
     for split, (x, y) in (("train", (x_train, y_train)), ("test", (x_test, y_test))):
-        paths = write(x, y, out, split, min(shards, len(y)), raw)
+        paths = write(x, y, out, split, min(shards, len(y)), raw, cfg.data.get("class_names"))
         print(f"{split}: {len(y)} examples in {len(paths)} file(s) {out / split}-*.tfrecord", flush=True)
     size = f" data.image_size=[{x_train.shape[1]},{x_train.shape[2]}] data.channels={x_train.shape[3]}" if raw else ""
     print(f"train on them: python train.py data=tfrecord 'data.train_files={out}/train-*' "

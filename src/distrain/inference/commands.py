@@ -258,6 +258,8 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     policy = set_precision(cfg)
     keras.utils.set_random_seed(cfg.trainer.seed)
     data = load_test_data(cfg, RunContext.of(where, cfg).know_strategy(strategy), trained_classes(run_dir))
+    if data_changed and getattr(data, "found", None) is not None:  # (files found: how, and their classes)
+        print(f"data: {data.found.how}", flush=True)
     check_fits(run_dir, data)
     saved = RunDir(run_dir).saved_model
     target = cfg.model.get("_target_")

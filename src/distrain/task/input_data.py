@@ -49,13 +49,13 @@ class Arrays(NamedTuple):
     x_val: np.ndarray | None = None  # data.validation_split's, held out of the training arrays
     y_val: np.ndarray | None = None
     labelled: bool = True
+    class_names: list | None = None  # data.class_names
 
     shape = property(lambda self: self.x_train.shape[1:])
     train_examples = property(lambda self: len(self.y_train))
     test_examples = property(lambda self: len(self.y_test))
     sample = property(lambda self: self.x_train[:2])  # what check_model runs the model on
     sample_labels = property(lambda self: self.y_train[:2])
-    class_names = None
     streamed = False  # in memory: a parameter-server worker is sent them, or reads them from IDX files
 
     def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
@@ -118,7 +118,8 @@ def load_data(cfg, context: RunContext) -> TrainingData:
     if cfg.data.get("validation_split"):  # the last examples, as fit(validation_split) holds them out
         cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
         (x_train, x_val), (y_train, y_val) = np.split(x_train, [cut]), np.split(y_train, [cut])
-    return Arrays(x_train, y_train, x_test, y_test, classes, _steps(t, len(y_train)), labels, x_val, y_val)
+    return Arrays(x_train, y_train, x_test, y_test, classes, _steps(t, len(y_train)), labels, x_val, y_val,
+                  class_names=_names(cfg.data))
 
 
 def load_test_data(cfg, context: RunContext, known: list | None = None) -> TrainingData:
@@ -140,7 +141,11 @@ def load_test_data(cfg, context: RunContext, known: list | None = None) -> Train
     if not labelled:
         y = np.zeros(len(x), np.int32) if labels == "classes" else np.zeros((len(x), 1), np.float32)
     classes = data_lib.num_classes(cfg.data, (y,), labels == "classes")
-    return Arrays(x[:2], y[:2], x, y, classes, 1, labels, labelled=labelled)
+    return Arrays(x[:2], y[:2], x, y, classes, 1, labels, labelled=labelled, class_names=_names(cfg.data))
+
+
+def _names(data) -> list | None:
+    return list(data.class_names) if data.get("class_names") else None
 
 
 def _steps(t, examples: int) -> int:

@@ -235,6 +235,11 @@ class OwnLoss:
 # ---- data -------------------------------------------------------------------------------------------
 
 NUM_CLASSES = key(None, "classes (null: one more than the largest label)", POSITIVE, example=10)
+CLASS_NAMES = key(None, "the classes' names in the order of their labels 0, 1, ..., kept with the model "
+                  "(class_names.txt): an image folder's class folders are matched to them by name (null: none for "
+                  "arrays; TFRecords' image/class/text; a folder's class folders, sorted)",
+                  Check(lambda v: len(v) > 1 and len(set(v)) == len(v) and all(str(n) for n in v),
+                        "must be two or more distinct names"), example=["cat", "dog"])
 VALIDATION_SPLIT = key(0.0, "the last fraction of the training examples, held out as validation data (as "
                        "fit(validation_split) does): trainer.validate_every evaluates on it instead of the test data",
                        FRACTION, example=0.2)
@@ -257,6 +262,7 @@ class Data:
     shuffle_buffer: int = SHUFFLE_BUFFER
     num_classes: Optional[int] = NUM_CLASSES
     validation_split: float = VALIDATION_SPLIT
+    class_names: Optional[List[str]] = CLASS_NAMES
 
 
 @dataclass
