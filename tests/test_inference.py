@@ -106,14 +106,19 @@ def test_predict_gives_what_keras_predict_gives_in_input_order(trained, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p.tfrecord"]  # (no temporary file left)
 
 
-def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(trained, tmp_path):
+def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(trained, tmp_path, capsys):
     """Shards written round-robin (example i in shard i % 3), test files alone: the outputs come in the files'
-    order, each row naming its file and record; a checkpoint's weights (checkpoint=latest) give the same."""
+    order, each row naming its file and record; a checkpoint's weights (checkpoint=latest) give the same. The
+    classes are the model's: no pass over the records' labels before predicting (a training's scan makes one
+    where data.num_classes is not set: test_files)."""
     run, pixels, x, y = trained
     tfrecords.write(pixels, y, tmp_path, "test", 3)
     order = [i for shard in range(3) for i in range(shard, len(y), 3)]
     shards = ["data=tfrecord", f"data.test_files={tmp_path}/test-*"]  # (no training files: the test split alone)
     assert use("predict", run, *shards, f"out={tmp_path / 'p.csv'}", "checkpoint=latest") == 0
+    said = capsys.readouterr().out
+    assert "data: 0 training file(s), 3 test file(s); examples counted from the record headers" in said
+    assert "one pass over every record" not in said, said
     rows = list(__import__("csv").reader(io.StringIO((tmp_path / "p.csv").read_text())))
     assert rows[0] == ["index", "source", "class", *(f"p_{c}" for c in range(10))]
     assert rows[1][:2] == ["0", f"{tmp_path}/test-00000-of-00003.tfrecord#0"]

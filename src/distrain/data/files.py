@@ -8,6 +8,7 @@ none of it again.
 import functools
 import glob
 import io
+import mmap
 import os
 import struct
 import time
@@ -55,25 +56,29 @@ def not_one_class(counted: int, where: str) -> int:
 
 # ---- TFRecord files -------------------------------------------------------------------------------------
 
+HEADER = struct.Struct("<Q")  # a record's length; its CRC (4 bytes) follows, then the data and the data's CRC
+
+
 def tfrecord_lengths(path: Path):
     """The length of each record of a TFRecord file, from the record headers alone (each record is a
-    uint64 length, its CRC, the data, the data's CRC). A file that is not one, or is cut short, is a
-    ConfigError naming it."""
+    uint64 length, its CRC, the data, the data's CRC), hopped over in the file mapped into memory (no
+    system call per record: a million records in about a second). A file that is not one, or is cut short,
+    is a ConfigError naming it."""
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    if not size:
+        return
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         at = 0
         while at < size:
-            header = f.read(12)
-            if len(header) < 12:
+            if at + 12 > size:
                 raise ConfigError(f"{path} is cut short (a record header at byte {at} of {size}): it is not a whole "
                                   "TFRecord file; write it again")
-            length = struct.unpack("<Q", header[:8])[0]
+            (length,) = HEADER.unpack_from(mapped, at)
             if at + 16 + length > size:
                 raise ConfigError(f"{path} is not a TFRecord file, or is cut short (a record of {length} bytes at "
                                   f"byte {at} of {size}): give files written by tf.io.TFRecordWriter")
             yield length
             at += 16 + length
-            f.seek(at)
 
 
 @functools.lru_cache(maxsize=4)
