@@ -83,19 +83,38 @@ def test_a_profile_after_the_last_step_is_refused_before_training(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_input_pipeline_slow_on_purpose_is_input_bound(tmp_path, monkeypatch):
-    """Each batch waits 50 ms in the pipeline (many times the mlp's step, on any machine): the run says
-    input, and what the pipeline alone delivers is about what the run trained at. (Control: the test
-    above, the same data without the wait, says compute.)"""
-    train_split = pipeline.ArraySource.train
+def test_the_in_memory_default_is_compute_bound_at_one_epoch_too(tmp_path, capsys):
+    """One epoch: its tracing is no part of the steps' time (measured inside the training function)."""
+    results, _ = train(make_cfg(*BUNDLED, "trainer.epochs=1", "trainer.steps_per_epoch=24"), tmp_path)
+    assert results["bound"] == "compute" and results["time_split"]["compute"] > 0.5, results["time_split"]
+    assert results["steps_examples_per_sec"] > results["examples_per_sec"]  # (the epoch's wall holds the tracing)
+    assert results["input_examples_per_sec"] > results["steps_examples_per_sec"]
 
-    def slow(self, *args, **kwargs):
-        wait = lambda *batch: (tf.py_function(lambda: time.sleep(0.05) or 0, [], tf.int32), batch)[1]
-        return train_split(self, *args, **kwargs).map(wait)
-    monkeypatch.setattr(pipeline.ArraySource, "train", slow)
-    results, _ = train(make_cfg(*BUNDLED, "model=mlp", "trainer.epochs=2", "trainer.steps_per_epoch=12"), tmp_path)
-    assert results["bound"] == "input" and results["time_split"]["input"] > 0.5, results["time_split"]
-    assert results["input_examples_per_sec"] == pytest.approx(results["examples_per_sec"], rel=0.5)
+
+@pytest.mark.slow
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path, monkeypatch, capsys, epochs):
+    """Each batch costs the pipeline about 5e8 multiply-adds of CPU (many times the mlp's step on any machine;
+    no wait): the run says input, at one epoch as at several, with what each part delivers and the factor; what
+    the pipeline alone delivers is about what the run trained at. (Control: the tests above, the same data
+    without the cost, say compute.)"""
+    train_split = pipeline.ArraySource.train
+    heavy = tf.random.stateless_normal([640, 640], seed=[1, 2])
+
+    def costly(self, *args, **kwargs):
+        work = lambda x, y: (x + 0.0 * tf.cast(tf.reduce_sum(heavy @ heavy @ heavy), x.dtype), y)
+        return train_split(self, *args, **kwargs).map(work)
+    monkeypatch.setattr(pipeline.ArraySource, "train", costly)
+    results, _ = train(make_cfg(*BUNDLED, "model=mlp", f"trainer.epochs={epochs}", "trainer.steps_per_epoch=12",
+                                "trainer.verbose=0"), tmp_path)
+    assert results["bound"] == "input", results["time_split"]
+    assert results["input_examples_per_sec"] < results["steps_examples_per_sec"]
+    if epochs > 1:  # (the first epoch's rate holds its tracing)
+        assert results["input_examples_per_sec"] == pytest.approx(results["examples_per_sec"], rel=0.5)
+    said = timesplit.verdict(results, make_cfg(*BUNDLED).data)
+    alone, steps = results["input_examples_per_sec"], results["steps_examples_per_sec"]
+    assert said == (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
+                    f"{steps:,.0f} (on the same cores): an input that kept up would give at most {steps / alone:.1f}x")
 
 
 @pytest.mark.slow

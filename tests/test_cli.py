@@ -113,7 +113,8 @@ def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path, monkeyp
     assert "trainer:\n  epochs: 12" in out.stdout  # the resolved config at start
     last = out.stdout.splitlines()[-3:]  # the results, what bound the run, and each task's peak memory
     assert "Epoch 12/12" in out.stdout and "Test accuracy" in last[0], last
-    assert re.fullmatch(r"compute-bound: the steps take \d+% of the training time", last[1]), last
+    assert re.fullmatch(r"compute-bound: the steps take \d+% of the training time \(they compute [\d,]+ examples/s; "
+                        r"the input pipeline alone delivers [\d,]+\)", last[1]), last
     assert re.search(r"peak resident memory: train [\d,]+ MiB$", last[2]), last
     log = (run_dir / "logs" / "train.log").read_text()
     assert "Test accuracy" in log and "\r" not in log  # progress bars collapsed to their last state

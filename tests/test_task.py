@@ -16,7 +16,7 @@ from distrain.task.metrics import Tally, make_metrics
 
 from helpers import ROOT, RUN_TIMEOUT, assert_nothing_left, make_cfg, run_cli, tensorboard_values
 
-TIME_SPLIT = {"time_input", "time_compute", "time_communication"}  # per epoch, in the history
+TIME_SPLIT = {"time_input", "time_compute", "time_communication", "time_steps_seconds"}  # per epoch, in the history
 
 MODELS = '''
 import tf_keras as keras

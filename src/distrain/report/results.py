@@ -37,9 +37,10 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "test_loss": float(test["loss"]), "final_train_loss": history["loss"][-1],
              "history": history, "seed": t.seed}
     split = timesplit.overall(history, seconds)
-    found |= {"time_split": split, "bound": timesplit.bound(split),
-              "input_examples_per_sec": (round(f["input_examples_per_sec"], 1)
-                                         if f.get("input_examples_per_sec") else None),
+    alone = f.get("input_examples_per_sec")
+    rates = {"input_examples_per_sec": round(alone, 1) if alone else None,
+             "steps_examples_per_sec": timesplit.steps_rate(history, data.steps * t.batch_size)}
+    found |= {"time_split": split, "bound": timesplit.bound(split, *rates.values()), **rates,
               "input_cpu_share": timesplit.cpu_share(f.get("input_cpu_per_example"), progress.epoch_cpu_seconds,
                                                      data.steps * t.batch_size / f["num_workers"], f["num_ps"])}
     found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}

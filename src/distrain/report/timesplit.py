@@ -2,7 +2,8 @@
 and the gradients' all-reduce with the wait for the slowest peer, or under parameter servers the time
 the workers and the coordinator wait for each other (communication). Measured inside the training
 function with tf.timestamp() ops ordered by control dependencies (runners.make_train_steps), and the
-input pipeline's own rate by reading it alone for a moment after training (read_alone).
+input pipeline's own rate by reading it alone for a moment after training (read_alone); the bound is
+what would speed the run up most if it were free, from the rates of the input alone and of the steps.
 docs/outputs.md says how each is measured and what it costs. (No TensorFlow imported here: the launcher
 reads it.)"""
 import time
@@ -14,6 +15,7 @@ INPUT_CPU_SAID = 0.15  # an input pipeline's CPU time, against training's, worth
 def shares(wall: float, waited: float, communicated: float) -> dict:
     """The fractions of `wall` seconds spent waiting for input, communicating, and computing (the rest:
     the steps, and the loop around them), each in [0, 1], summing to 1."""
+    wall = float(wall)
     if wall <= 0:
         return dict.fromkeys(PARTS, 0.0) | {"compute": 1.0}
     waited, communicated = min(max(float(waited), 0.0) / wall, 1.0), max(float(communicated), 0.0) / wall
@@ -50,9 +52,25 @@ def cpu_share(input_per_example: float | None, epoch_cpu: list[float], examples_
     return round(input_per_example / (sum(timed) / (examples_per_epoch * len(timed))), 4)
 
 
-def bound(split: dict) -> str:
-    """What binds the run: the largest part of its time."""
-    return max(PARTS, key=lambda p: split.get(p, 0.0)) if split else ""
+def steps_rate(history: dict, examples_per_epoch: int) -> float | None:
+    """Examples per second the steps computed at, from their own seconds (time_steps_seconds: measured inside
+    the training function, the input's waits and the all-reduce left out), over the epochs after the first:
+    on cores the input pipeline shares, a little below what the steps alone reach. None where not measured."""
+    timed = steady(history.get("time_steps_seconds") or [])
+    return round(examples_per_epoch * len(timed) / sum(timed), 1) if timed and sum(timed) > 0 else None
+
+
+def bound(split: dict, input_rate: float | None = None, steps_rate: float | None = None) -> str:
+    """What binds the run, as what would speed it up most if it were free: communication where it is the
+    largest part of the steps' time; else the slower of the input pipeline alone and the steps (their rates,
+    where both were measured: on shared cores an input that never keeps the steps waiting can still be what
+    holds them back); else the largest part."""
+    if not split:
+        return ""
+    largest = max(PARTS, key=lambda p: split.get(p, 0.0))
+    if largest == "communication" or not (input_rate and steps_rate):
+        return largest
+    return "input" if input_rate < steps_rate else "compute"
 
 
 def read_alone(dataset, seconds: float, batches: int = 1000) -> tuple:
@@ -84,11 +102,14 @@ def verdict(results: dict, data_cfg=None) -> str:
     if not what:
         return ""
     share = f"{split[what]:.0%} of the training time"
+    alone, steps = results.get("input_examples_per_sec"), results.get("steps_examples_per_sec")
+    if what == "input" and alone and steps:  # (the input alone caps the run; the steps, on its cores, cap a fix)
+        return (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
+                f"{steps:,.0f} (on the same cores): an input that kept up would give at most {steps / alone:.1f}x"
+                f"{input_fix(data_cfg)}")
     if what == "input":
-        rate = results.get("input_examples_per_sec")
-        line = f"input-bound: waiting for the next batch takes {share}" + (
-            f" (the input pipeline alone delivers {rate:,.0f} examples/s)" if rate else "")
-        return line + input_fix(data_cfg)
+        return f"input-bound: waiting for the next batch takes {share}" + (
+            f" (the input pipeline alone delivers {alone:,.0f} examples/s)" if alone else "") + input_fix(data_cfg)
     if what == "communication":
         if results.get("num_ps"):
             return (f"communication-bound: workers and the coordinator wait for each other {share}: raise "
@@ -96,7 +117,9 @@ def verdict(results: dict, data_cfg=None) -> str:
         return (f"communication-bound: the gradients' all-reduce and the wait for the slowest worker take {share}: "
                 "a larger trainer.batch_size all-reduces less often per example; on one machine fewer workers, "
                 "or strategy=mirrored")
-    line = f"compute-bound: the steps take {share}"
+    line = f"compute-bound: the steps take {share}" + (
+        f" (they compute {steps:,.0f} examples/s; the input pipeline alone delivers {alone:,.0f})"
+        if alone and steps else "")
     taken = results.get("input_cpu_share")
     if taken and taken >= INPUT_CPU_SAID:  # the input competes with the steps for the same cores
         line += (f"; the input pipeline takes {taken:.0%} as much CPU time as training, on the same cores"

@@ -175,11 +175,14 @@ class SyncEpochs:
         return (across_workers(self.strategy, self.local).numpy() + self.carried).tolist()
 
     def end(self, seconds: float) -> tuple[list, dict]:
-        """The epoch's sums over every worker, and where its `seconds` went (timesplit.shares): each
-        worker's waits for input and in the all-reduce, averaged over the workers, in one all-reduce."""
-        both = across_workers(self.strategy, tf.concat([self.local, self.clock[:2]], 0)).numpy()
-        waited, reducing = both[-2:] / self.workers
-        return (both[:-2] + self.carried).tolist(), shares(seconds, waited, reducing)
+        """The epoch's sums over every worker, and where the steps' own time went (timesplit.shares of the
+        training function's seconds, measured inside it: no tracing, no Python around it; the epoch's
+        `seconds` where it measured none): each worker's waits for input and in the all-reduce, averaged over
+        the workers, in one all-reduce; and the seconds the steps computed (`steps_seconds`)."""
+        both = across_workers(self.strategy, tf.concat([self.local, self.clock], 0)).numpy()
+        waited, reducing, span = both[-3:] / self.workers
+        split = shares(span if span > 0 else seconds, waited, reducing)
+        return (both[:-3] + self.carried).tolist(), split | {"steps_seconds": max(float(span - waited - reducing), 0.0)}
 
     def show(self, logs: dict) -> None:
         """The epoch's last update of the bar: the whole cluster's values, and validation's."""

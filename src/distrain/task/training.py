@@ -18,7 +18,7 @@ from distrain.config import schema
 from distrain.config.validate import instantiate_as
 from distrain.data import arrays as data_lib
 from distrain.report import results as report
-from distrain.report.timesplit import probe_seconds, read_alone
+from distrain.report.timesplit import PARTS, probe_seconds, read_alone
 from distrain.task.checkpoints import Checkpoints, Progress, resume, segments
 from distrain.task.context import RunContext
 from distrain.task.input_data import TrainingData, load_data
@@ -342,8 +342,10 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             logs |= {f"val_{name}": value for name, value in validate().items()}
         for name, value in logs.items():
             history.setdefault(name, []).append(value)
-        for part, share in split.items():  # (not in the callbacks' logs: no metric of the model)
-            history.setdefault(f"time_{part}", []).append(share)
+        for part in PARTS if split else ():  # (not in the callbacks' logs: no metric of the model)
+            history.setdefault(f"time_{part}", []).append(split[part])
+        if split.get("steps_seconds"):  # (the steps' own seconds: their rate, which the bound weighs)
+            history.setdefault("time_steps_seconds", []).append(round(split["steps_seconds"], 4))
         runner.show(logs)
         progress.epoch, progress.step, progress.totals, progress.seconds = epoch + 1, 0, [0.0] * len(totals), 0.0
         if t.verbose and not runner.progress:
@@ -358,7 +360,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             raise Preempted((epoch + 1) * steps)
         if board:
             board.write(epoch, logs, {"epoch_examples_per_sec": steps * t.batch_size / progress.epoch_seconds[-1]}
-                        | {f"epoch_time_{part}": share for part, share in split.items()} | runner.scalars())
+                        | {f"epoch_time_{part}": split[part] for part in PARTS if split} | runner.scalars())
         if progress.stopped_early:
             if t.verbose:
                 print(progress.stopped_early, flush=True)
