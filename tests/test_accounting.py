@@ -94,12 +94,12 @@ def test_the_in_memory_default_is_compute_bound_at_one_epoch_too(tmp_path, capsy
 @pytest.mark.slow
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path, monkeypatch, capsys, epochs):
-    """Each batch costs the pipeline about 5e8 multiply-adds of CPU (many times the mlp's step on any machine;
+    """Each batch costs the pipeline about 2e9 multiply-adds of CPU (many times the mlp's step on any machine;
     no wait): the run says input, at one epoch as at several, with what each part delivers and the factor; what
     the pipeline alone delivers is about what the run trained at. (Control: the tests above, the same data
     without the cost, say compute.)"""
     train_split = pipeline.ArraySource.train
-    heavy = tf.random.stateless_normal([640, 640], seed=[1, 2])
+    heavy = tf.random.stateless_normal([1024, 1024], seed=[1, 2])
 
     def costly(self, *args, **kwargs):
         work = lambda x, y: (x + 0.0 * tf.cast(tf.reduce_sum(heavy @ heavy @ heavy), x.dtype), y)

@@ -260,7 +260,7 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     data = load_test_data(cfg, RunContext.of(where, cfg).know_strategy(strategy), trained_classes(run_dir))
     if data_changed and getattr(data, "found", None) is not None:  # (files found: how, and their classes)
         print(f"data: {data.found.how}", flush=True)
-    check_fits(run_dir, data)
+    check_fits(trained, data)
     saved = RunDir(run_dir).saved_model
     target = cfg.model.get("_target_")
     with strategy.scope():
@@ -278,10 +278,8 @@ def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, w
     return data, model, probabilities, said
 
 
-def check_fits(run_dir: Path, data) -> None:
-    """The data's examples and classes against the trained model's (results.json's), both said."""
-
-    trained = RunDir(run_dir).read_results() or {}
+def check_fits(trained: dict, data) -> None:
+    """The data's examples and classes against the trained model's (its results.json), both said."""
     if trained.get("input_shape") and list(trained["input_shape"]) != list(data.shape):
         raise ConfigError(f"the data's examples are {tuple(data.shape)}, the model takes "
                           f"{tuple(trained['input_shape'])}: name data of the shape it was trained on "

@@ -61,15 +61,15 @@ def steps_rate(history: dict, examples_per_epoch: int) -> float | None:
 
 
 def bound(split: dict, input_rate: float | None = None, steps_rate: float | None = None) -> str:
-    """What binds the run, as what would speed it up most if it were free: communication where it is the
-    largest part of the steps' time; else the slower of the input pipeline alone and the steps (their rates,
-    where both were measured: on shared cores an input that never keeps the steps waiting can still be what
-    holds them back); else the largest part."""
+    """What binds the run, as what would speed it up most if it were free: the largest part of the steps'
+    time where that is input or communication; else the slower of the input pipeline alone and the steps
+    (their rates, where both were measured: on shared cores an input that never keeps the steps waiting can
+    still be what holds them back); else compute."""
     if not split:
         return ""
     largest = max(PARTS, key=lambda p: split.get(p, 0.0))
-    if largest == "communication" or not (input_rate and steps_rate):
-        return largest
+    if largest != "compute" or not (input_rate and steps_rate):
+        return largest  # (the steps wait for the input most of the time: it binds, whatever the rates)
     return "input" if input_rate < steps_rate else "compute"
 
 
@@ -103,7 +103,7 @@ def verdict(results: dict, data_cfg=None) -> str:
         return ""
     share = f"{split[what]:.0%} of the training time"
     alone, steps = results.get("input_examples_per_sec"), results.get("steps_examples_per_sec")
-    if what == "input" and alone and steps:  # (the input alone caps the run; the steps, on its cores, cap a fix)
+    if what == "input" and alone and steps and alone < steps:  # (the input caps the run; the steps cap a fix)
         return (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
                 f"{steps:,.0f} (on the same cores): an input that kept up would give at most {steps / alone:.1f}x"
                 f"{input_fix(data_cfg)}")
