@@ -10,11 +10,8 @@ by file (sorted) then record, an image folder's test images by path (sorted). ev
 evaluations/<name>.json in the run directory, never over the run's results nor an earlier evaluation;
 predict writes out=PATH whole or not at all."""
 import contextlib
-import csv
-import io
 import itertools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +24,7 @@ from distrain.common.errors import ConfigError, fail, first_line, print_error
 from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.inference import cluster_parts as parts
+from distrain.inference import predictions
 
 OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
 FORMATS = (".npz", ".csv", ".tfrecord")
@@ -397,9 +395,7 @@ def _free(directory: Path, name: str) -> Path:
 def predict_run(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool, cluster=None) -> int:
     """The model's outputs for every example of the data's test split, in order, into out (.npz: the
     outputs as predict() gives them, and each example's index; .csv: a row per example; .tfrecord: an
-    Example per input, its index, source and outputs)."""
-    import tensorflow as tf
-
+    Example per input, its index, source and outputs: predictions.py)."""
     data, model, probabilities, said = load(cfg, run_dir, options, data_changed)
     start = time.perf_counter()
     if cluster:
@@ -412,64 +408,7 @@ def predict_run(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool
     outputs = np.asarray(outputs, np.float32)
     if len(outputs) != data.test_examples:  # (each example once: the reader's promise, checked)
         raise ConfigError(f"predict gave {len(outputs)} outputs for {data.test_examples} examples: report this")
-    index = np.arange(len(outputs))
-    if out.suffix == ".npz":
-        buffer = io.BytesIO()
-        np.savez(buffer, predictions=outputs, index=index)
-        storage.write_atomic(out, buffer.getvalue())
-    elif out.suffix == ".tfrecord":
-        _tfrecord(out, index, sources(data), outputs)
-    else:
-        classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
-        shown = outputs if probabilities or not classes else tf.nn.softmax(outputs).numpy()
-        storage.write_atomic(out, _csv(index, sources(data), shown, classes, data.class_names))
+    predictions.write(out, outputs, data, probabilities)
     print(f"Predicted {len(outputs):,} examples of {schema.label(cfg.data)} ({said}{_on(cfg)}) in {seconds:.1f} s, "
           f"{len(outputs) / max(seconds, 1e-9):,.0f} examples/s: written to {out}", flush=True)
     return {"examples": len(outputs), "seconds": round(seconds, 3), "out": str(out)}
-
-
-def sources(data) -> list:
-    """Where each test example came from: an image's path, a TFRecord file and record, or an array's row."""
-    found = getattr(data, "found", None)
-    if found is None:
-        return [f"row {i}" for i in range(data.test_examples)]
-    if found.kind == "images":
-        return list(found.test_files)
-    from distrain.data.files import record_ends
-
-    ends = record_ends(tuple(found.test_files))
-    return [f"{path}#{i}" for path, n in zip(found.test_files, np.diff(ends, prepend=0)) for i in range(n)]
-
-
-def _tfrecord(out: Path, index, where: list, outputs) -> None:
-    """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
-    temporary name and renamed (no half file under `out`)."""
-    import tensorflow as tf
-
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    try:
-        with tf.io.TFRecordWriter(str(tmp)) as writer:
-            for i, w, row in zip(index, where, outputs.reshape(len(outputs), -1)):
-                writer.write(tf.train.Example(features=tf.train.Features(feature={
-                    "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
-                    "source": tf.train.Feature(bytes_list=tf.train.BytesList(value=[w.encode()])),
-                    "outputs": tf.train.Feature(float_list=tf.train.FloatList(value=row))})).SerializeToString())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _csv(index, where: list, outputs, classes: bool, names) -> str:
-    text = io.StringIO()
-    writer = csv.writer(text)
-    if classes:
-        names = list(names or range(outputs.shape[1]))
-        writer.writerow(["index", "source", "class", *(f"p_{n}" for n in names)])
-        for i, w, row in zip(index, where, outputs):
-            writer.writerow([i, w, names[int(np.argmax(row))], *(f"{p:.6g}" for p in row)])
-    else:
-        flat = outputs.reshape(len(outputs), -1)
-        writer.writerow(["index", "source", *(f"output_{j}" for j in range(flat.shape[1]))])
-        for i, w, row in zip(index, where, flat):
-            writer.writerow([i, w, *(f"{v:.6g}" for v in row)])
-    return text.getvalue()

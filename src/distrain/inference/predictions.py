@@ -1,0 +1,77 @@
+"""What `distrain predict` writes (commands.predict_run), whole or not at all: .npz (the outputs as
+Keras's predict() gives them, and each example's index), .csv (a row per example: its index, source and
+outputs, with the class and probabilities of a classifier's), .tfrecord (an Example per input). Runs in the
+command's process, after the outputs are computed."""
+import csv
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from distrain.common import storage
+
+
+def write(out: Path, outputs, data, probabilities: bool) -> None:
+    """The outputs (float32, one row per test example of `data`, in order) into `out`, by its suffix;
+    probabilities: whether a classifier's outputs are probabilities already (else logits)."""
+    index = np.arange(len(outputs))
+    if out.suffix == ".npz":
+        buffer = io.BytesIO()
+        np.savez(buffer, predictions=outputs, index=index)
+        storage.write_atomic(out, buffer.getvalue())
+    elif out.suffix == ".tfrecord":
+        _tfrecord(out, index, sources(data), outputs)
+    else:
+        import tensorflow as tf
+
+        classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
+        shown = outputs if probabilities or not classes else tf.nn.softmax(outputs).numpy()
+        storage.write_atomic(out, _csv(index, sources(data), shown, classes, data.class_names))
+
+
+def sources(data) -> list:
+    """Where each test example came from: an image's path, a TFRecord file and record, or an array's row."""
+    found = getattr(data, "found", None)
+    if found is None:
+        return [f"row {i}" for i in range(data.test_examples)]
+    if found.kind == "images":
+        return list(found.test_files)
+    from distrain.data.files import record_ends
+
+    ends = record_ends(tuple(found.test_files))
+    return [f"{path}#{i}" for path, n in zip(found.test_files, np.diff(ends, prepend=0)) for i in range(n)]
+
+
+def _tfrecord(out: Path, index, where: list, outputs) -> None:
+    """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
+    temporary name and renamed (no half file under `out`)."""
+    import tensorflow as tf
+
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    try:
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            for i, w, row in zip(index, where, outputs.reshape(len(outputs), -1)):
+                writer.write(tf.train.Example(features=tf.train.Features(feature={
+                    "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
+                    "source": tf.train.Feature(bytes_list=tf.train.BytesList(value=[w.encode()])),
+                    "outputs": tf.train.Feature(float_list=tf.train.FloatList(value=row))})).SerializeToString())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _csv(index, where: list, outputs, classes: bool, names) -> str:
+    text = io.StringIO()
+    writer = csv.writer(text)
+    if classes:
+        names = list(names or range(outputs.shape[1]))
+        writer.writerow(["index", "source", "class", *(f"p_{n}" for n in names)])
+        for i, w, row in zip(index, where, outputs):
+            writer.writerow([i, w, names[int(np.argmax(row))], *(f"{p:.6g}" for p in row)])
+    else:
+        flat = outputs.reshape(len(outputs), -1)
+        writer.writerow(["index", "source", *(f"output_{j}" for j in range(flat.shape[1]))])
+        for i, w, row in zip(index, where, flat):
+            writer.writerow([i, w, *(f"{v:.6g}" for v in row)])
+    return text.getvalue()
