@@ -66,8 +66,8 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     run_dir = tmp_path / "run"
     out = run_cli(run_dir, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1", "cluster.evaluator=true",
                   *SYNTHETIC_THREE_EPOCHS[3:], "data.source=idx", f"data.path={tmp_path / 'idx'}",
-                  "trainer.batch_size=64", "trainer.tensorboard=true", "trainer.profile=[20,30]")  # 48
-    # asynchronous steps: at 24, the accuracy ranged from 0.40 to 0.97
+                  "trainer.batch_size=64", "trainer.tensorboard=true", "trainer.profile=[20,30]", "trainer.epochs=4")
+    # 64 asynchronous steps: at 24 the accuracy ranged from 0.40 to 0.97, and at 48 it was 0.21 once in a suite
     assert out.returncode == 0, out.stdout[-4000:]
     # The profiler: the coordinator's trace, and each worker's, asked of its server.
     traces = sorted(p.parent.parent.parent.parent.name
@@ -84,7 +84,7 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     # TensorBoard: each worker's steps per epoch, and the run as a session of the HParams dashboard.
     scalars = tensorboard_values(run_dir / "tensorboard" / "train")
     assert [sum(scalars[f"epoch_steps_worker_{i}"]) for i in (0, 1)] == [steps["0"], steps["1"]]
-    assert len(scalars["epoch_steps_worker_0"]) == 3
+    assert len(scalars["epoch_steps_worker_0"]) == 4
     session = tensorboard_values(run_dir / "tensorboard")
     hparams = session["_hparams_/session_start_info"][0].hparams
     assert (hparams["strategy"].string_value, hparams["workers"].number_value, hparams["ps"].number_value) == (
@@ -94,7 +94,7 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     chief_log = (run_dir / "logs" / "chief-0.log").read_text()
     assert "variable placement over 1 ps task(s):" in chief_log
     assert "dense/kernel:0" in chief_log and "ps:0" in chief_log
-    assert "Epoch 3/3 - global step" in chief_log and "worker 0:" in chief_log and "worker 1:" in chief_log
+    assert "Epoch 4/4 - global step" in chief_log and "worker 0:" in chief_log and "worker 1:" in chief_log
     # (and forkserver.log where this process's first local cluster ran: test_sweep)
     assert sorted(p.name for p in (run_dir / "logs").iterdir() if p.name != "forkserver.log") == [
         "chief-0.log", "evaluator-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
@@ -104,7 +104,7 @@ def test_parameter_server_one_ps_two_workers_learn(tmp_path):
     ready = {t["name"]: t["seconds_to_ready"] for t in json.loads((run_dir / "cluster.json").read_text())["tasks"]}
     assert all(0 < ready[name] < 60 for name in ("ps-0", "worker-0", "worker-1", "chief-0")), ready
     assert ready["chief-0"] < results["seconds_to_first_step"] < 60
-    check_evaluations(run_dir, out.stdout, last="ckpt-48", epoch=3)
+    check_evaluations(run_dir, out.stdout, last="ckpt-64", epoch=4)
     assert_nothing_left(run_dir)
 
 
