@@ -4,6 +4,7 @@ import io
 import json
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from distrain.inference import commands as inference
 from distrain.launcher import forkserver
 from distrain.launcher import launch as launcher
 
-from helpers import alive, during, here, make_cfg, task_pids, task_state, wait_until
+from helpers import RUN_TIMEOUT, alive, during, here, make_cfg, task_pids, task_state, wait_until
 
 pytestmark = pytest.mark.slow  # a trained run, and TensorFlow in this process
 
@@ -213,7 +214,7 @@ def test_an_override_of_the_runs_own_data_is_composed_with_its_option():
 @pytest.mark.parametrize("args, says", [
     (["out=p.txt"], "out=p.txt is of no format predict writes: name a file ending in .npz or .csv or .tfrecord"),
     (["strategy=multi_worker_mirrored", "cluster=manual", "cluster.worker_hosts=[a:1,b:2]", "out=p.npz"],
-     "cluster=manual: evaluate and predict run a cluster on this machine only"),
+     "cluster=manual needs this task's role: set cluster.task_type"),
     (["checkpoint=/nowhere/ckpt-3", "out=p.npz"], "checkpoint=/nowhere/ckpt-3 holds no checkpoint"),
     ([], "predict needs out=PATH"),
     (["out=nodir/p.csv"], "out=nodir/p.csv: there is no directory nodir: create it, or name a file in one that exists"),
@@ -302,6 +303,56 @@ def test_predict_on_two_workers_with_one_killed_gives_every_output_once_in_order
     np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
     assert not np.allclose(predictions, expected[np.random.default_rng(0).permutation(len(y))], rtol=1e-5, atol=1e-6)
     assert not (where / "parts").exists() and not [p for p in task_pids(where) if alive(p)]
+
+
+def machines(runs: list, *args, timeout=RUN_TIMEOUT) -> list:
+    """`distrain predict` as each machine of a 2-worker cluster=tf_config starts it (two processes here,
+    worker i reading runs[i]: one run directory both reach, or a copy each, as machines without a shared
+    file system have): (exit status, output) of each, the parts' directory left."""
+    import subprocess
+    import sys
+
+    spec = {"worker": [f"127.0.0.1:{p}" for p in (cluster.portpicker.pick_unused_port() for _ in runs)]}
+    procs = [subprocess.Popen([str(Path(sys.executable).parent / "distrain"), "predict", str(run),
+                               "strategy=multi_worker_mirrored", "cluster=tf_config", *args],
+                              env={**os.environ, "TF_CONFIG": json.dumps({"cluster": spec, "task": {
+                                  "type": "worker", "index": i}})}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i, run in enumerate(runs)]
+    return [(proc.wait(timeout), proc.stdout.read()) for proc in procs]
+
+
+def test_machines_sharing_the_run_directory_predict_in_parts_and_its_chief_merges_them(trained, tmp_path):
+    """cluster=tf_config, 2 workers on one run directory: worker 0's command writes every output once, in
+    order, as plain Keras (worker 1's says its parts are written); a copy of the run per machine (no shared
+    file system) is one line on each, naming the marker the other did not leave, and nothing written."""
+    import shutil
+
+    run, _, x, _ = trained
+    (code0, said0), (code1, said1) = machines([run, run], "part_size=128", f"out={tmp_path / 'p.npz'}")
+    assert (code0, code1) == (0, 0), said0[-2000:] + said1[-2000:]
+    examples = f"{len(x):,} examples"
+    assert f"worker-1: its parts of the {examples} are written; the command of worker-0 merges them" in said1
+    assert f"Predicted {examples} of mnist" in said0 and "2 workers, multi_worker_mirrored" in said0
+    with np.load(tmp_path / "p.npz") as found:
+        assert list(found["index"]) == list(range(len(x)))
+        np.testing.assert_allclose(found["predictions"], plain_model(run).predict(x, batch_size=128, verbose=0),
+                                   rtol=1e-5, atol=1e-6)
+    assert not list((run / "evaluations" / "predict").glob("parts-*"))  # (merged: removed)
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("evaluations"))
+    results = machines([run, copy], "cluster.startup_timeout=3", f"out={tmp_path / 'q.npz'}")
+    for (code, said), other in zip(results, ("worker-1", "worker-0")):
+        errors = [line for line in said.splitlines() if line.startswith("error: ")]
+        assert code == 2 and len(errors) == 1, said[-2000:]
+        assert errors[0].startswith(f"error: {other} left no marker in ") and "a shared file system" in errors[0]
+    assert not (tmp_path / "q.npz").exists()
+    assert subprocess_left(tmp_path) == []
+
+
+def subprocess_left(path) -> list:
+    import subprocess
+
+    return subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
 
 
 def test_a_regression_on_arrays_evaluates_and_predicts_as_keras_here_and_on_parameter_servers(regression, tmp_path):

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
@@ -141,4 +142,40 @@ def test_a_requeued_job_goes_on_from_its_checkpoint(tmp_path):
     assert len(results["history"]["loss"]) == 4 and results["test_accuracy"] > 0.5
     assert results["num_workers"] == 2
     assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
+    assert_nothing_left(tmp_path)
+
+
+def test_evaluate_and_predict_run_on_the_slurm_tasks_as_in_one_process(tmp_path):
+    """A run's `distrain predict` on 2 Slurm tasks (multi_worker_mirrored: each writes its parts under the
+    run directory, which the node shares, and the first merges them) gives one process's outputs, each
+    once in order; `distrain evaluate` on 3 (parameter_server) one process's figures."""
+    distrain = str(Path(sys.executable).parent / "distrain")
+    run = tmp_path / "run"
+    trained = subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run}", *QUICK], capture_output=True,
+                             text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+
+    def command(*args, tasks=None):
+        done = subprocess.run([*(["srun", "-n", str(tasks), "--wait=60"] if tasks else []), distrain, *args],
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout + done.stderr
+    command("predict", str(run), "out=one.npz")
+    said = command("predict", str(run), "strategy=multi_worker_mirrored", "cluster=slurm", "part_size=64",
+                   "out=two.npz", tasks=2)
+    assert "worker-1: its parts of the 256 examples are written; the command of worker-0 merges them" in said
+    with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "two.npz") as two:
+        assert list(two["index"]) == list(range(256))
+        np.testing.assert_allclose(two["predictions"], one["predictions"], rtol=1e-5, atol=1e-6)
+        assert not np.allclose(two["predictions"], one["predictions"][::-1], rtol=1e-5, atol=1e-6)  # (order counts)
+    command("evaluate", str(run), "name=one")
+    said = command("evaluate", str(run), "strategy=parameter_server", "cluster=slurm", "cluster.ps=1", "name=ps",
+                   tasks=3)
+    assert said.count("served chief-0, whose command wrote the outputs of the 256 examples") == 2, said
+    one, ps = (json.loads((run / "evaluations" / f"{name}.json").read_text()) for name in ("one", "ps"))
+    assert ps["workers"] == 1 and ps["strategy"] == "parameter_server" and ps["examples"] == 256
+    for key in ("loss", "accuracy"):
+        assert abs(ps[key] - one[key]) < 1e-5, (key, ps, one)
+    assert not list((run / "evaluations").glob("*/parts-*"))
     assert_nothing_left(tmp_path)

@@ -39,6 +39,16 @@ class Task:
         return f"{self.type}-{self.index}"
 
 
+def chief_of(spec: dict) -> str:
+    """The name of the cluster's chief: its chief task, else (multi_worker_mirrored) worker 0."""
+    return "chief-0" if spec.get("chief") else "worker-0"
+
+
+def rank(spec: dict, task: Task) -> int:
+    """A training task's place among those that train: the chief first, then the workers."""
+    return task.index + (0 if task.type == "chief" else len(spec.get("chief", [])))
+
+
 def parse_address(address, what: str) -> tuple[str, int]:
     host, sep, port = str(address).rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -9,9 +9,11 @@ forward pass needs no all-reduce, so each predicts with its own copy of the mode
 restarted alone); under parameter servers the coordinator reads every part and schedules a function per
 batch on whichever worker is free (TensorFlow's ClusterCoordinator runs a function again elsewhere if
 its worker is lost, and the coordinator places each result by its batch)."""
+import hashlib
 import io
 import json
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -76,19 +78,27 @@ def _few(ks: list) -> str:
 
 
 class Cluster:
-    """The local cluster cfg names, for evaluate or predict: its network and fork server start on entry
-    (TensorFlow imports there while this process loads the model and the data; both kept for this
-    process's next command, as a run's are), its tasks in compute(). Their config and logs go to
-    RUN_DIR/evaluations/<command>/."""
+    """The cluster cfg names, for evaluate or predict. On this machine (cluster=local): its network and
+    fork server start on entry (TensorFlow imports there while this process loads the model and the data;
+    both kept for this process's next command, as a run's are), its tasks in compute(), their config and
+    logs in RUN_DIR/evaluations/<command>/. Spread over machines (slurm, tf_config, manual: the same
+    command started on each): this machine's task alone, its config and logs in
+    RUN_DIR/evaluations/<command>/<task>/; the parts go under the run directory, which every machine must
+    reach (a shared file system: checked by markers, below), and the chief's command merges them."""
 
     def __init__(self, cfg, run_dir: Path, command: str):
         self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
-        self.where = RunDir(self.run_dir / "evaluations" / command, cfg)
+        self.spec = self.task = None  # on a cluster spread over machines, the cluster and this machine's task
+        if not Topology.of(cfg).local:
+            self.spec, self.task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
+        place = self.run_dir / "evaluations" / command
+        self.where = RunDir(place / self.task.name if self.task else place, cfg)
+        self.net = self.forks = None
 
     def __enter__(self):
-        c = self.cfg.cluster
-        self.net = cluster_lib.PrivateNetwork.shared(enabled=c.isolate is not False)
-        self.forks = forkserver.shared(self.where.log("forkserver"), self.net.wrap)
+        if self.task is None:
+            self.net = cluster_lib.PrivateNetwork.shared(enabled=self.cfg.cluster.isolate is not False)
+            self.forks = forkserver.shared(self.where.log("forkserver"), self.net.wrap)
         self._scratch = scratch_dir()
         self._scratch.__enter__()
         return self
@@ -96,27 +106,39 @@ class Cluster:
     def __exit__(self, *exc):
         self._scratch.__exit__(*exc)
 
-    def compute(self, data, options: dict) -> tuple[dict, float]:
-        """Every part computed by the tasks: ({index, outputs[, labels]} in order, the seconds they took)."""
+    @property
+    def merges(self) -> bool:
+        """Whether this process merges the parts: on a cluster spread over machines, the chief's only
+        (the coordinator under parameter servers, the first worker under multi_worker_mirrored)."""
+        return self.task is None or self.task.name == cluster_lib.chief_of(self.spec)
+
+    def compute(self, data, options: dict) -> tuple[dict | None, float]:
+        """Every part computed by the tasks: ({index, outputs[, labels]} in order, the seconds they took);
+        (None, seconds) where another machine's command merges them."""
         cfg, where = self.cfg, self.where
-        batch = cfg.trainer.batch_size
+        batch, workers = cfg.trainer.batch_size, Topology.of(cfg, self.spec).workers
         # PART_BATCHES batches, or fewer where that gives each worker two parts at least; whole batches
-        size = int(options.get("part_size") or min(PART_BATCHES * batch,
-                                                   -(-data.test_examples // (2 * cfg.cluster.workers))))
+        size = int(options.get("part_size") or min(PART_BATCHES * batch, -(-data.test_examples // (2 * workers))))
         size = -(-max(size, 1) // batch) * batch
         parts = plan(data.test_examples, size)
-        directory = where / "parts"
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
+        job = {"run_dir": str(self.run_dir.resolve()), "checkpoint": options.get("checkpoint"), "parts": parts,
+               "labels": self.command == "evaluate"}
+        if self.task is None:
+            directory = where / "parts"
+            shutil.rmtree(directory, ignore_errors=True)
+        else:  # shared by the machines: named by what the parts hold, so kept across attempts of one command
+            directory = where.path.parent / f"parts-{self._key(job)}"
+        directory.mkdir(parents=True, exist_ok=True)
+        where.path.mkdir(parents=True, exist_ok=True)
         where.write_config(OmegaConf.to_yaml(cfg, resolve=True))
         found = getattr(data, "found", None)
         if found is not None:  # (the tasks read the files without scanning them again)
             where.write_data(found.to_json())
-        storage.write_atomic(where / "job.json", json.dumps({
-            "run_dir": str(self.run_dir.resolve()), "checkpoint": options.get("checkpoint"), "parts": parts,
-            "labels": self.command == "evaluate"}))
-        start = time.perf_counter()
+        storage.write_atomic(where / "job.json", json.dumps({**job, "parts_dir": str(directory.resolve())}))
+        start, merged = time.perf_counter(), None
         try:
+            if self.task is not None and self.task.type != "evaluator" and Topology.of(cfg).synchronous:
+                self._meet(directory / "markers")
             outcome = self._run([sys.executable, "-m", "distrain.task.inference", str(where.path)])
             if outcome.status == "interrupted":  # (Ctrl-C, SIGTERM: the command ends, as a run does)
                 print_error(outcome.error)
@@ -124,29 +146,89 @@ class Cluster:
             if outcome.code:
                 raise ConfigError(outcome.error.removeprefix(error_line("")) or f"the cluster failed (exit status "
                                   f"{outcome.code}): its logs are in {where.logs}")
-            return merge(directory, parts), time.perf_counter() - start
+            if not self.merges:
+                return None, time.perf_counter() - start
+            if self.task is not None:
+                self._await(directory, parts, workers)
+            merged = merge(directory, parts)
+            return merged, time.perf_counter() - start
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            if self.task is None or merged is not None:  # (elsewhere, a failed command's parts serve the next)
+                shutil.rmtree(directory, ignore_errors=True)
+
+    def _key(self, job: dict) -> str:
+        """What the parts hold, in a few characters: the job, the config but for its cluster group (whose
+        keys differ by machine under cluster=manual), the cluster's tasks, and the run's weights as they are
+        (a run trained further since holds others)."""
+        cfg = OmegaConf.to_container(self.cfg, resolve=True)
+        cfg.pop("cluster", None)
+        run = RunDir(self.run_dir, self.cfg)
+        weights = [run.saved_model / "saved_model.pb", run.checkpoints / "checkpoint"]
+        stamps = [(str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in weights if p.is_file()]
+        shape = {kind: len(addresses) for kind, addresses in self.spec.items()}  # (ports differ by Slurm job)
+        text = json.dumps([job, cfg, shape, stamps], sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def _meet(self, markers: Path) -> None:
+        """Each task's marker in the shared directory, and every other's seen, within
+        cluster.startup_timeout: else one line, the parts could not be merged (a directory not shared)."""
+        markers.mkdir(exist_ok=True)
+        storage.write_atomic(markers / f"{self.task.name}.json",
+                             json.dumps({"host": socket.gethostname(), "address": self.task.address}))
+        names = [f"{kind}-{i}" for kind, addresses in self.spec.items() if kind != "evaluator"
+                 for i in range(len(addresses))]
+        timeout = self.cfg.cluster.startup_timeout
+        deadline = time.monotonic() + timeout
+        while missing := [n for n in names if not (markers / f"{n}.json").is_file()]:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{', '.join(missing)} left no marker in {markers} within {timeout:g} s "
+                                  "(cluster.startup_timeout): evaluate and predict on several machines write their "
+                                  "parts under the run directory, so every machine must reach it at the same path (a "
+                                  "shared file system); start the same command on every machine")
+            time.sleep(0.5)
+
+    def _await(self, directory: Path, parts: list, workers: int) -> None:
+        """Every part written, the other machines' too: while a part comes at least every
+        cluster.startup_timeout seconds; else one line naming the parts missing and whose they are."""
+        timeout = self.cfg.cluster.startup_timeout
+        seen, since = -1, time.monotonic()
+        while missing := [k for k in range(len(parts)) if not path(directory, k).exists()]:
+            if len(parts) - len(missing) > seen:
+                seen, since = len(parts) - len(missing), time.monotonic()
+            elif time.monotonic() - since > timeout:
+                ranks = sorted({k % workers for k in missing})
+                raise ConfigError(f"{len(missing)} of {len(parts)} parts were not written within {timeout:g} s of the "
+                                  f"last (cluster.startup_timeout; {_few(missing)}, of the workers of rank "
+                                  f"{', '.join(map(str, ranks))}): read their logs in their machines' "
+                                  f"{directory.parent}/<task>/logs; the same command again computes only those")
+            time.sleep(0.5)
 
     def _run(self, argv: list) -> Outcome:
         """The tasks, supervised as a training's are (supervisor.run_tasks): a worker that dies is
         restarted alone, up to cluster.max_restarts times; a parameter server that dies restarts them all
-        (its copy of the model is gone), and they go on with the parts not written yet."""
+        (its copy of the model is gone), and they go on with the parts not written yet. On a cluster
+        spread over machines, this machine's task alone."""
         cfg, where = self.cfg, self.where
         c, topology = cfg.cluster, Topology.of(cfg)
-        restarts = Restarts(c.max_restarts, c.restart_window)
+        # (elsewhere, a task is not restarted: the same command again goes on with the parts not written)
+        restarts = Restarts(c.get("max_restarts", 0), c.get("restart_window", 0))
         while True:
-            spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
+            spec = self.spec or cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
             tasks = []
             for task_type, addresses in spec.items():
                 for index, address in enumerate(addresses):
                     task = cluster_lib.Task(task_type, index, address)
-                    env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers)}
+                    if self.task is not None and (task != self.task or task.type == "evaluator"):
+                        continue  # (elsewhere: this machine's task alone; an evaluator has nothing to compute)
+                    env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers)} \
+                        if self.task is None else cluster_lib.task_env(spec, task)
                     serves = topology.parameter_servers and task_type != "chief"
-                    tasks.append(TaskProcess(task.name, self.net.wrap(argv), env, main=not serves,
-                                             alone=task_type == "worker", quiet=task.name not in ("chief-0",
-                                                                                                  "worker-0"),
-                                             task=task, restarts=restarts.per_task[task.name], forks=self.forks))
+                    tasks.append(TaskProcess(task.name, self.net.wrap(argv) if self.net else argv, env,
+                                             main=not serves or self.task is not None, alone=task_type == "worker",
+                                             quiet=task.name not in ("chief-0", "worker-0"), task=task,
+                                             restarts=restarts.per_task[task.name], forks=self.forks))
+            if not tasks:
+                return Outcome(0, "ok")
             outcome = run_tasks(tasks, where, startup_timeout=c.startup_timeout, restarts=restarts,
                                 on_change=lambda status, spec=spec, tasks=tasks: where.write_cluster(
                                     {"strategy": cfg.strategy.name, "status": status, "cluster": spec,

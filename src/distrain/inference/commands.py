@@ -177,7 +177,6 @@ def settle(run_dir: Path, compose, overrides: list, checkpoint: str | None = Non
     """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
     a run would compose it), checked. The model's code need not be here where the run's SavedModel is used
     (no checkpoint named): it holds the model."""
-    from distrain.common.topology import Topology
     from distrain.config.validate import override_keys, validate
 
     saved_path = RunDir(run_dir).config
@@ -200,10 +199,6 @@ def settle(run_dir: Path, compose, overrides: list, checkpoint: str | None = Non
             raise ConfigError(f"{exc} (a checkpoint needs the model's code; the run's SavedModel, where there is "
                               "one, does not)") from None
         raise
-    topology = Topology.of(cfg)
-    if topology.clustered and not topology.local:
-        raise ConfigError(f"cluster={cfg.cluster.name}: evaluate and predict run a cluster on this machine only; set "
-                          "cluster=local (cluster.workers=N), or a strategy of one process")
     return cfg
 
 
@@ -328,21 +323,38 @@ def evaluate_run(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=
     start = time.perf_counter()
     if cluster:
         found, _ = cluster.compute(data, options)
+        if found is None:
+            return _computed(cluster, data)
         figures = score(model, found["outputs"], found["labels"], cfg.trainer.batch_size)
     else:
         figures = keras_evaluate(model, data.reader(cfg, training=False)(), data.test_steps(cfg.trainer.batch_size))
     seconds = time.perf_counter() - start
     name = options.get("name") or schema.label(cfg.data)
     found = {"data": schema.label(cfg.data), "data_source": cfg.data.source, "examples": data.test_examples,
-             "weights": said, "strategy": cfg.strategy.name, **_workers(cfg), "seconds": round(seconds, 3),
+             "weights": said, "strategy": cfg.strategy.name, **_workers(cfg, cluster), "seconds": round(seconds, 3),
              **{k: float(np.mean(v)) for k, v in figures.items()}}
     path = _free(run_dir / "evaluations", name)
     storage.write_atomic(path, json.dumps(found, indent=2) + "\n")
     shown = ", ".join(f"{k} {v:.2%}" if "accuracy" in k else f"{k} {v:.4f}" for k, v in figures.items()
                       if np.ndim(v) == 0)
-    print(f"Evaluated on {data.test_examples:,} examples of {found['data']} ({said}{_on(cfg)}): {shown} | written to "
-          f"{path}", flush=True)
+    print(f"Evaluated on {data.test_examples:,} examples of {found['data']} ({said}{_on(cfg, cluster)}): {shown} | "
+          f"written to {path}", flush=True)
     return found
+
+
+def _computed(cluster, data) -> dict:
+    """What this machine's task did, where another machine's command merges the parts (the chief's)."""
+    from distrain.common.cluster import chief_of
+
+    chief = chief_of(cluster.spec)
+    if cluster.task.type == "evaluator":
+        said = "nothing to compute here"
+    elif cluster.cfg.strategy.name == "parameter_server":
+        said = f"served {chief}, whose command wrote the outputs of the {data.test_examples:,} examples"
+    else:
+        said = f"its parts of the {data.test_examples:,} examples are written; the command of {chief} merges them"
+    print(f"{cluster.task.name}: {said}", flush=True)
+    return {"examples": data.test_examples, "task": cluster.task.name}
 
 
 def _unlabelled(data) -> str:
@@ -374,13 +386,17 @@ def _clustered(cfg) -> bool:
     return Topology.of(cfg).clustered
 
 
-def _workers(cfg) -> dict:
-    return {"workers": cfg.cluster.workers} if _clustered(cfg) else {}
+def _workers(cfg, cluster) -> dict:
+    """The workers that computed the outputs, on a cluster."""
+    from distrain.common.topology import Topology
+
+    return {"workers": Topology.of(cfg, cluster.spec).workers} if cluster else {}
 
 
-def _on(cfg) -> str:
+def _on(cfg, cluster) -> str:
     """Where the examples were computed, where not in this process."""
-    return f"; {cfg.cluster.workers} workers, {cfg.strategy.name}" if _clustered(cfg) else ""
+    workers = _workers(cfg, cluster).get("workers")
+    return f"; {workers} worker{'s' if workers > 1 else ''}, {cfg.strategy.name}" if cluster else ""
 
 
 def _free(directory: Path, name: str) -> Path:
@@ -399,7 +415,10 @@ def predict_run(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool
     data, model, probabilities, said = load(cfg, run_dir, options, data_changed)
     start = time.perf_counter()
     if cluster:
-        outputs = cluster.compute(data, options)[0]["outputs"]
+        found, _ = cluster.compute(data, options)
+        if found is None:
+            return _computed(cluster, data)
+        outputs = found["outputs"]
     else:
         images = data.reader(cfg, training=False)().map(lambda x, y: x)
         outputs = model.predict(images, steps=data.test_steps(cfg.trainer.batch_size),
@@ -409,6 +428,6 @@ def predict_run(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool
     if len(outputs) != data.test_examples:  # (each example once: the reader's promise, checked)
         raise ConfigError(f"predict gave {len(outputs)} outputs for {data.test_examples} examples: report this")
     predictions.write(out, outputs, data, probabilities)
-    print(f"Predicted {len(outputs):,} examples of {schema.label(cfg.data)} ({said}{_on(cfg)}) in {seconds:.1f} s, "
-          f"{len(outputs) / max(seconds, 1e-9):,.0f} examples/s: written to {out}", flush=True)
+    print(f"Predicted {len(outputs):,} examples of {schema.label(cfg.data)} ({said}{_on(cfg, cluster)}) in "
+          f"{seconds:.1f} s, {len(outputs) / max(seconds, 1e-9):,.0f} examples/s: written to {out}", flush=True)
     return {"examples": len(outputs), "seconds": round(seconds, 3), "out": str(out)}

@@ -1,6 +1,7 @@
-"""One task of a clustered evaluate or predict (parts.py), started by the launcher with TF_CONFIG saying
-which: a multi_worker_mirrored worker computes its parts; under parameter servers the ps and worker
-tasks serve while the chief reads every part and schedules its batches on the workers."""
+"""One task of a clustered evaluate or predict (cluster_parts.py), started by the launcher with TF_CONFIG
+saying which: a multi_worker_mirrored worker computes its parts (into job.json's parts_dir); under
+parameter servers the ps and worker tasks serve while the chief reads every part and schedules its
+batches on the workers."""
 import collections
 import json
 import os
@@ -34,9 +35,9 @@ def main(argv=None) -> int:
         spec, task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
         context = RunContext.of(RunDir(where.path, cfg), cfg, spec, task)
         ps = context.topology.parameter_servers
-        if ps and task.type in ("ps", "worker"):
+        if ps and task.type in ("ps", "worker"):  # (on machines of their own: until the coordinator is gone)
             cluster_lib.check_port_free(task)
-            return serve(context)
+            return serve(context, not context.topology.local, cfg.cluster.startup_timeout)
         import tensorflow as tf
 
         from distrain.common.cpu import onednn_line
@@ -51,8 +52,9 @@ def main(argv=None) -> int:
         data, model, _, _ = load(cfg, Path(job["run_dir"]), job, False, strategy, where)
         say_ready(task)
         plan = [tuple(p) for p in job["parts"]]
-        mine = range(len(plan)) if ps else range(task.index, len(plan), context.topology.workers)
-        todo = parts.todo(where / "parts", list(mine))
+        mine = range(len(plan)) if ps else range(cluster_lib.rank(spec, task), len(plan), context.topology.workers)
+        directory = Path(job["parts_dir"])
+        todo = parts.todo(directory, list(mine))
         step = tf.function(lambda x: model(x, training=False), reduce_retracing=True)  # (Keras's predict_step)
         # One dataset for all its parts (its functions traced once), batches within parts (parts.py)
         ds = data.reader(cfg, training=False, examples=[plan[k] for k in todo])() if todo else []
@@ -60,7 +62,7 @@ def main(argv=None) -> int:
         progress = Progress(task.name, len(todo), len(mine))
         try:
             for k, outputs, labels in by_part(batches, todo, plan):
-                parts.write(where / "parts", k, plan[k][0], outputs, labels if job["labels"] else None)
+                parts.write(directory, k, plan[k][0], outputs, labels if job["labels"] else None)
                 progress.one_more(len(outputs))
         except tf.errors.OpError as exc:  # (a parameter server lost: the launcher restarts the cluster)
             lost = lost_peer(exc, cfg, during="while computing the outputs")
