@@ -70,9 +70,12 @@ def test_the_parameter_server_sbatch_example_learns_and_its_step_ends(tmp_path):
                          capture_output=True, text=True, timeout=60, cwd=TRAIN_PY.parent, env=env, check=True)
     job_id = job.stdout.strip().split(";")[0]
     deadline = time.monotonic() + RUN_TIMEOUT  # (sbatch --wait polls ever more slowly: 30 s late)
-    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
-        assert time.monotonic() < deadline, f"job {job_id} still running"
-        time.sleep(0.5)
+    try:
+        while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+            assert time.monotonic() < deadline, f"job {job_id} still running"
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)  # a no-op once it is done
     state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     (log,) = tmp_path.glob("slurm-*.out")
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + log.read_text()[-3000:]
