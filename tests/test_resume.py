@@ -93,6 +93,40 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypat
     assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3
 
 
+def test_a_run_resumed_on_other_replicas_ends_as_one_never_resized(tmp_path, monkeypatch, capsys):
+    """Mirrored over 2 replicas stopped mid-epoch 2, resumed on 1 (and 1 resumed on 2), with a learning
+    rate that changes every step: the global batch is cut alike for any replica count, so the weights
+    and the losses are those of the run never stopped (the control: test above, another seed)."""
+    config = ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.save_model=true", "trainer.epochs=3",
+              *SGD_MLP, "schedule=cosine", "schedule.warmup_steps=10",
+              "trainer.mixed_precision=false"]  # exact comparisons are made in float32
+    uninterrupted, whole = train(small(*config), tmp_path / "whole")
+    two, one = "strategy.devices=[/cpu:0,/cpu:1]", "strategy.devices=[/cpu:0]"
+    for first, then in ((two, one), (one, two)):
+        run_dir = tmp_path / f"{first[-3]}-to-{then[-3]}"
+        crash_after(monkeypatch, 23)
+        with pytest.raises(Crash):
+            train(small(*config, first), run_dir)
+        monkeypatch.undo()
+        capsys.readouterr()
+        results, resumed = train(small(*config, then, "trainer.resume=true", "trainer.verbose=2"), run_dir)
+        replicas = (2, 1) if first == two else (1, 2)
+        assert results["membership"] == [{"from_step": 0, "workers": 1, "replicas": replicas[0]},
+                                         {"from_step": 20, "workers": 1, "replicas": replicas[1]}]
+        said = capsys.readouterr().out
+        assert (f"resumed at step 20 on 1 worker, {replicas[1]} replica" in said and
+                f"its checkpoint was made on 1 worker, {replicas[0]} replica" in said and
+                f"the global batch 64 kept ({64 // replicas[1]} per replica)" in said), said
+        for a, b in zip(whole.get_weights(), resumed.get_weights()):
+            np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(results["history"]["loss"], uninterrupted["history"]["loss"], atol=1e-5, rtol=0)
+        assert abs(results["test_loss"] - uninterrupted["test_loss"]) < 1e-5
+        assert abs(results["test_accuracy"] - uninterrupted["test_accuracy"]) < 1e-5
+    # Control: the comparison can fail; a run with another seed ends elsewhere.
+    other, _ = train(small(*config, "trainer.seed=7"), tmp_path / "other")
+    assert abs(other["test_loss"] - uninterrupted["test_loss"]) > 1e-3
+
+
 def test_a_one_process_task_killed_by_hand_says_how_to_go_on_and_that_command_resumes(tmp_path):
     """kill -9 of a one-process run's task: one error line, naming the signal and the command that goes on
     (the task could say nothing, and the terminal showed only its progress). That command, word for word,
@@ -228,6 +262,30 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     whole = json.loads((whole_dir / "results.json").read_text())
     assert len(results["history"]["loss"]) == 2
     np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], rtol=1e-5)
+    assert_nothing_left(tmp_path)
+
+
+def test_a_cluster_resumed_on_fewer_workers_ends_as_one_never_resized(tmp_path, uninterrupted):
+    """multi_worker_mirrored on 2 workers for an epoch, then `trainer.resume=true cluster.workers=1
+    trainer.epochs=2`: the run never resized's losses and weights (1e-5), its sizes in results.json."""
+    args = ["strategy=multi_worker_mirrored", "data=synthetic", "data.train_examples=1024", "data.test_examples=256",
+            "trainer.batch_size=64", "trainer.verbose=2", "trainer.mixed_precision=false", *SGD_MLP]
+    whole_dir = uninterrupted([*args, "cluster.workers=2", "trainer.epochs=2"])
+    run_dir = tmp_path / "run"
+    assert run_cli(run_dir, *args, "cluster.workers=2", "trainer.epochs=1").returncode == 0
+    out = run_cli(run_dir, "trainer.resume=true", "cluster.workers=1", "trainer.epochs=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert ("resumed at step 16 on 1 worker, 1 replica; its checkpoint was made on 2 workers, 2 replicas: the global "
+            "batch 64 kept (64 per replica)") in out.stdout + out.stderr
+    results, whole = (json.loads((d / "results.json").read_text()) for d in (run_dir, whole_dir))
+    assert results["num_workers"] == 1 and results["membership"] == [
+        {"from_step": 0, "workers": 2, "replicas": 2}, {"from_step": 16, "workers": 1, "replicas": 1}]
+    np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], atol=1e-5, rtol=0)
+    assert abs(results["test_loss"] - whole["test_loss"]) < 1e-5
+    end = weights(whole_dir / "checkpoints" / "ckpt-32")
+    assert max_difference(end, weights(run_dir / "checkpoints" / "ckpt-32")) <= 1e-5
+    # Control: the comparison can fail; two steps fewer end elsewhere.
+    assert max_difference(end, weights(run_dir / "checkpoints" / "ckpt-30")) > 1e-4
     assert_nothing_left(tmp_path)
 
 

@@ -326,14 +326,17 @@ def check_batch_divides(batch_size: int, replicas) -> None:
                           f"or {lower + replicas}")
 
 
-# What a resumed run may change: train longer, show more or less.
-RESUME_MAY_CHANGE = ("trainer.epochs", "trainer.verbose", "trainer.resume", "trainer.keep_checkpoints")
+# What a resumed run may change: train longer, show more or less, on another number of workers or
+# replicas (the global batch kept: trainer.batch_size may not change).
+RESUME_MAY_CHANGE = ("trainer.epochs", "trainer.verbose", "trainer.resume", "trainer.keep_checkpoints",
+                     "cluster.workers", "strategy.devices", "strategy.cpu_virtual_devices")
 
 
 def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     """trainer.resume=true: the config of the run in run_dir, which is authoritative; this command's
-    overrides may only raise the epochs (or change verbosity), and one that contradicts the run is
-    an error. Also checks that there is a checkpoint to resume from.
+    overrides may only raise the epochs, change verbosity or the number of workers or replicas
+    (RESUME_MAY_CHANGE), and one that contradicts the run is an error. Also checks that there is a
+    checkpoint to resume from.
 
     trainer.resume=auto (a task that an orchestrator may restart): the same if there is a checkpoint
     (the run's config.yaml authoritative if it has one, else this command's), else a new run."""
@@ -352,10 +355,25 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     for key in override_keys(overrides):
         if key in RESUME_MAY_CHANGE:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key))
+    check_resized(merged, [o for o, k in zip(overrides, override_keys(overrides)) if k in RESIZES])
     if not RunDir(run_dir, merged).has_checkpoint():
         raise ConfigError(f"trainer.resume=true but {RunDir(run_dir, merged).checkpoints} holds no checkpoint to "
                           "resume from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
     return merged
+
+
+RESIZES = RESUME_MAY_CHANGE[4:]  # the keys of a run's size
+
+
+def check_resized(cfg: DictConfig, resizing: list) -> None:
+    """A resume at another size keeps the global batch: a ConfigError where it does not divide over the
+    replicas the `resizing` overrides make."""
+    replicas, batch = configured_replicas(cfg.strategy, Topology.of(cfg)), cfg.trainer.batch_size
+    if resizing and replicas and batch % replicas:
+        fits = [n for n in range(1, 2 * replicas + 1) if batch % n == 0]
+        raise ConfigError(f"{' '.join(resizing)}: the run's global batch, trainer.batch_size={batch}, is kept on a "
+                          f"resume and does not divide over {replicas} replicas: resume on {', '.join(map(str, fits))} "
+                          "replicas (a divisor of the batch)")
 
 
 def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrides: list) -> None:

@@ -44,6 +44,8 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
               "input_cpu_share": timesplit.cpu_share(f.get("input_cpu_per_example"), progress.epoch_cpu_seconds,
                                                      data.steps * t.batch_size / f["num_workers"], f["num_ps"])}
     found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}
+    if len(progress.membership) > 1:  # resumed at another size: each size, from the global step it began
+        found["membership"] = progress.membership
     if progress.stopped_early:  # a callback's decision: the run is ok, with fewer epochs
         found["stopped_early"] = progress.stopped_early
     if getattr(data, "class_names", None):  # an image folder's: what each output means

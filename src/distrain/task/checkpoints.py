@@ -28,6 +28,17 @@ class Progress:
     restarts: int = 0  # times this run was resumed
     resumed_from_step: int | None = None
     stopped_early: str = ""  # e.g. "callbacks.early_stopping stopped training after epoch 7"
+    membership: list = field(default_factory=list)  # each size trained at: {from_step, workers, replicas}
+
+
+def joined(progress: Progress, workers: int, replicas: int, step: int) -> dict | None:
+    """Records the size the run trains at from global `step` on; the size it had before, where that
+    differs (a resume at another number of workers or replicas), else None."""
+    before = progress.membership[-1] if progress.membership else None
+    if before and (before["workers"], before["replicas"]) == (workers, replicas):
+        return None
+    progress.membership.append({"from_step": step, "workers": workers, "replicas": replicas})
+    return before
 
 
 class Checkpoints:

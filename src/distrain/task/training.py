@@ -19,7 +19,7 @@ from distrain.config.validate import instantiate_as
 from distrain.data import arrays as data_lib
 from distrain.report import results as report
 from distrain.report.timesplit import PARTS, probe_seconds, read_alone
-from distrain.task.checkpoints import Checkpoints, Progress, resume, segments
+from distrain.task.checkpoints import Checkpoints, Progress, joined, resume, segments
 from distrain.task.context import RunContext
 from distrain.task.input_data import TrainingData, load_data
 from distrain.task.metrics import (
@@ -80,10 +80,16 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     saves = Checkpoints(model, optimizer, out.checkpoints, t.keep_checkpoints) if t.save_model else None
     progress = resume(saves or Checkpoints(model, optimizer, out.path), run.checkpoints, data.steps, t.epochs) \
         if t.resume else Progress()  # every task reads the chief's checkpoints
+    before = joined(progress, context.topology.workers, context.replicas, progress.resumed_from_step or 0)
+    if before and chief:
+        print(resized_line(before, progress, t.batch_size, data, context.topology.parameter_servers), flush=True)
+    # Resumed, the data goes on from the batch after the last one trained: the batches an uninterrupted
+    # run would have seen. Files, at another size: their shares change, so they are read afresh.
+    skip = 0 if before and data.streamed else progress.epoch * data.steps + progress.step
     where = run.tensorboard / (context.task.name if context.task else "train")
     workers = context.cluster.get("worker", []) if context.topology.parameter_servers else []
     profile = Profile(t.get("profile"), where, t.epochs * data.steps, workers)  # (checked before anything trains)
-    runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, progress)
+    runner = make_runner(strategy, context, cfg, data, model, optimizer, probabilities, skip)
     KEPT.append(runner)  # (never deleted: runners.KEPT)
     callbacks = make_callbacks(cfg, model, data.steps, announce=bool(t.verbose) and chief)
     compiled = bool(t.validate_every or cfg.get("callbacks"))
@@ -97,6 +103,22 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
     return report.results(cfg, data, progress, test, facts | about(model, probabilities, policy)), model
+
+
+def resized_line(before: dict, progress: Progress, batch: int, data: TrainingData, asynchronous: bool) -> str:
+    """What a resume at another size keeps and changes, in one line."""
+    now = progress.membership[-1]
+
+    def size(m: dict) -> str:
+        return f"{m['workers']} worker{'s' * (m['workers'] > 1)}, {m['replicas']} replica{'s' * (m['replicas'] > 1)}"
+    line = f"resumed at step {now['from_step']} on {size(now)}; its checkpoint was made on {size(before)}: "
+    line += f"each step a batch of {batch} on one worker, as before" if asynchronous else \
+        f"the global batch {batch} kept ({batch // now['replicas']} per replica)"
+    if data.streamed and not asynchronous:
+        line += "; the training files' shares change with the workers, so they are read afresh" + (
+            f": the rest of epoch {progress.epoch + 1} may read some of its records twice and others not"
+            if progress.step else f" from epoch {progress.epoch + 1} on")
+    return line
 
 
 def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities: bool, compiled: bool,
@@ -155,9 +177,10 @@ def about(model, probabilities: bool, policy: str) -> dict:
 
 
 def make_runner(strategy, context: RunContext, cfg, data: TrainingData, model, optimizer, probabilities: bool,
-                progress: Progress):
+                skip: int = 0):
     """The epochs' runner for this strategy: AsyncEpochs (parameter servers) or SyncEpochs (the others),
-    with the loss (from probabilities where the model ends with a softmax) and the metrics they sum."""
+    with the loss (from probabilities where the model ends with a softmax) and the metrics they sum.
+    skip: the global batches the synchronous input passes over (a resumed run's)."""
     t = cfg.trainer
     loss = make_loss(cfg.loss, probabilities)
     outputs = model(data.sample, training=False)
@@ -177,9 +200,7 @@ def make_runner(strategy, context: RunContext, cfg, data: TrainingData, model, o
         runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
                              tally, data.steps, t.steps_per_execution, topology.workers, topology.ps)
     else:
-        # Resumed, the data goes on from the batch after the last one trained: the batches an
-        # uninterrupted run would have seen.
-        train = data.reader(cfg, skip=progress.epoch * data.steps + progress.step)
+        train = data.reader(cfg, skip=skip)
         said = train.sharding_line(topology.workers) if topology.workers > 1 and context.chief else ""
         if said:
             print(said, flush=True)
