@@ -69,6 +69,13 @@ CASES = [
     ("printed-cross", ["-c", "all", "strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.batch_size=7"],
      "must divide evenly over 2 replicas"),
     ("peer-timeout", ["cluster.peer_timeout=0"], "cluster.peer_timeout=0.0 must be a positive number of seconds"),
+    ("min-workers-above", [*MWMS, "cluster.workers=2", "cluster.min_workers=3"],
+     "cluster.min_workers=3 is above cluster.workers=2: set it from 1 to 2"),
+    ("min-workers-zero", [*MWMS, "cluster.min_workers=0"], "cluster.min_workers=0 must be a positive integer"),
+    ("min-workers-one-process", ["cluster.min_workers=1"], "cluster.min_workers=1 applies to strategy="
+     "multi_worker_mirrored (strategy=default is one process, which has no workers to lose): drop it"),
+    ("min-workers-ps", ["strategy=parameter_server", "cluster.min_workers=1"], "parameter-server workers leave and "
+     "rejoin by themselves"),
     ("slurm-outside", ["strategy=multi_worker_mirrored", "cluster=slurm"],
      "cluster=slurm runs as the tasks of a Slurm"),
     ("slurm-port", ["cluster=slurm", "cluster.port_base=80"], "cluster.port_base=80 must be a port from 1024"),

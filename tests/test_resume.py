@@ -265,27 +265,62 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     assert_nothing_left(tmp_path)
 
 
-def test_a_cluster_resumed_on_fewer_workers_ends_as_one_never_resized(tmp_path, uninterrupted):
-    """multi_worker_mirrored on 2 workers for an epoch, then `trainer.resume=true cluster.workers=1
-    trainer.epochs=2`: the run never resized's losses and weights (1e-5), its sizes in results.json."""
-    args = ["strategy=multi_worker_mirrored", "data=synthetic", "data.train_examples=1024", "data.test_examples=256",
-            "trainer.batch_size=64", "trainer.verbose=2", "trainer.mixed_precision=false", *SGD_MLP]
-    whole_dir = uninterrupted([*args, "cluster.workers=2", "trainer.epochs=2"])
-    run_dir = tmp_path / "run"
-    assert run_cli(run_dir, *args, "cluster.workers=2", "trainer.epochs=1").returncode == 0
-    out = run_cli(run_dir, "trainer.resume=true", "cluster.workers=1", "trainer.epochs=2")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert ("resumed at step 16 on 1 worker, 1 replica; its checkpoint was made on 2 workers, 2 replicas: the global "
-            "batch 64 kept (64 per replica)") in out.stdout + out.stderr
+# A synchronous cluster on in-memory data, in float32: resized, it ends as the run never resized.
+ELASTIC = ["strategy=multi_worker_mirrored", "data=synthetic", "data.train_examples=2048", "data.test_examples=256",
+           "trainer.batch_size=64", "trainer.verbose=2", "trainer.mixed_precision=false", *SGD_MLP]  # 32 steps an epoch
+
+
+def ends_as(run_dir: Path, whole_dir: Path, sizes: list) -> None:
+    """The run in run_dir trained at `sizes` (results.json's membership) and ends as whole_dir's (1e-5)."""
     results, whole = (json.loads((d / "results.json").read_text()) for d in (run_dir, whole_dir))
-    assert results["num_workers"] == 1 and results["membership"] == [
-        {"from_step": 0, "workers": 2, "replicas": 2}, {"from_step": 16, "workers": 1, "replicas": 1}]
+    assert results["membership"] == sizes and results["num_workers"] == sizes[-1]["workers"]
     np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], atol=1e-5, rtol=0)
     assert abs(results["test_loss"] - whole["test_loss"]) < 1e-5
-    end = weights(whole_dir / "checkpoints" / "ckpt-32")
-    assert max_difference(end, weights(run_dir / "checkpoints" / "ckpt-32")) <= 1e-5
-    # Control: the comparison can fail; two steps fewer end elsewhere.
-    assert max_difference(end, weights(run_dir / "checkpoints" / "ckpt-30")) > 1e-4
+    end = weights(whole_dir / "checkpoints" / "ckpt-64")
+    assert max_difference(end, weights(run_dir / "checkpoints" / "ckpt-64")) <= 1e-5
+    # Control: the comparison can fail; a step fewer ends elsewhere.
+    assert max_difference(end, weights(whole_dir / "checkpoints" / "ckpt-63")) > 1e-5
+
+
+def test_a_cluster_resumed_on_fewer_workers_ends_as_one_never_resized(tmp_path, uninterrupted):
+    """multi_worker_mirrored on 2 workers for an epoch, then `trainer.resume=true cluster.workers=1
+    trainer.epochs=2`: the run never resized's losses and weights, its sizes in results.json."""
+    whole_dir = uninterrupted([*ELASTIC, "cluster.workers=2", "trainer.epochs=2", "trainer.checkpoint_every_steps=1"])
+    run_dir = tmp_path / "run"
+    assert run_cli(run_dir, *ELASTIC, "cluster.workers=2", "trainer.epochs=1").returncode == 0
+    out = run_cli(run_dir, "trainer.resume=true", "cluster.workers=1", "trainer.epochs=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert ("resumed at step 32 on 1 worker, 1 replica; its checkpoint was made on 2 workers, 2 replicas: the global "
+            "batch 64 kept (64 per replica)") in out.stdout + out.stderr
+    ends_as(run_dir, whole_dir, [{"from_step": 0, "workers": 2, "replicas": 2},
+                                 {"from_step": 32, "workers": 1, "replicas": 1}])
+    assert_nothing_left(tmp_path)
+
+
+def test_a_worker_lost_for_good_leaves_the_others_to_go_on_from_the_checkpoint(tmp_path, uninterrupted):
+    """cluster.min_workers=1 cluster.max_restarts=0, worker-1 SIGKILLed mid-epoch: the launcher restarts
+    the cluster with worker-0 alone from the latest checkpoint, which ends rc 0 as the run never
+    resized; with cluster.min_workers=2 (the control) the same kill ends the run in one line."""
+    whole_dir = uninterrupted([*ELASTIC, "cluster.workers=2", "trainer.epochs=2", "trainer.checkpoint_every_steps=1"])
+    for least in (1, 2):
+        run_dir = tmp_path / f"least-{least}"
+        code, out = while_running(run_dir, *ELASTIC, "cluster.workers=2", "trainer.epochs=2",
+                                  f"cluster.min_workers={least}", "cluster.max_restarts=0",
+                                  chaos=_kill_after_a_mid_epoch_checkpoint(run_dir, 32, "worker-1"))
+        if least == 2:
+            errors = [line for line in out.splitlines() if line.startswith("error:")]
+            assert code != 0 and len(errors) == 1 and "task worker-1 exited with status -9" in errors[0], out[-3000:]
+            break
+        assert code == 0, out[-3000:]
+        cluster = json.loads((run_dir / "cluster.json").read_text())
+        (lost,) = untimed(cluster["restarts"])
+        step = lost["from_step"]
+        assert 0 < step < 64 and lost["task"] == "worker-1" and lost["workers"] == 1
+        assert (f"worker-1 lost for good at step {lost['lost_at_step']}: going on with 1 of 2 workers from step "
+                f"{step}, global batch 64 kept (64 per worker)") in out
+        assert "[worker-0] error:" not in out  # (its lost peer is news: the launcher goes on)
+        ends_as(run_dir, whole_dir, [{"from_step": 0, "workers": 2, "replicas": 2},
+                                     {"from_step": step, "workers": 1, "replicas": 1}])
     assert_nothing_left(tmp_path)
 
 

@@ -14,9 +14,11 @@ from distrain.launcher.restarts import (
     LEAVE,
     RESTART_CLUSTER,
     RESTART_IT,
+    SHRINK,
     Restarts,
     decide,
     signalled,
+    smaller,
 )
 
 from helpers import make_cfg
@@ -40,6 +42,28 @@ from helpers import make_cfg
 def test_what_a_tasks_end_means_for_the_run(code, alone, essential, may_restart, others_running, action):
     assert decide(code, alone=alone, essential=essential, may_restart=may_restart,
                   others_running=others_running) == action
+
+
+@pytest.mark.parametrize("code, may_restart, may_shrink, action", [
+    (-9, False, True, SHRINK),            # a synchronous worker past its budget, cluster.min_workers below: go on
+    (1, False, True, SHRINK),             # ... hung
+    (-9, True, True, RESTART_CLUSTER),    # a restart left: the cluster restarts whole first
+    (-9, False, False, FAIL),             # at cluster.min_workers already (the control)
+    (2, False, True, FAIL),               # a configuration error would come back at any size
+])
+def test_a_synchronous_worker_lost_for_good_shrinks_the_cluster_to_no_fewer_than_min_workers(code, may_restart,
+                                                                                            may_shrink, action):
+    assert decide(code, alone=False, essential=True, may_restart=may_restart, may_shrink=may_shrink) == action
+
+
+@pytest.mark.parametrize("workers, least, batch, size", [
+    (2, 1, 64, 1), (3, 1, 96, 2), (3, 2, 96, 2),
+    (4, 1, 64, 2),           # 64 does not divide over 3: 2
+    (4, 3, 64, None),        # ... and 2 is below cluster.min_workers
+    (2, 2, 64, None), (2, None, 64, None),  # at cluster.min_workers (null: cluster.workers)
+])
+def test_the_size_a_cluster_shrinks_to_keeps_the_global_batch(workers, least, batch, size):
+    assert smaller(workers, least, batch) == size
 
 
 @pytest.mark.parametrize("may_restart, others_running, may_restart_cluster, action", [

@@ -70,6 +70,12 @@ def where(exc: BaseException, default: Path) -> Path:
     return path
 
 
+def checkpoint_step(name: str | None) -> int | None:
+    """The global step a checkpoint's name holds (ckpt-600: 600), or None."""
+    found = re.fullmatch(r"ckpt-(\d+)", name or "")
+    return int(found.group(1)) if found else None
+
+
 def latest_checkpoint(directory: Path | None) -> str | None:
     """The newest complete checkpoint's name, from the index that tf.train.CheckpointManager writes
     last, atomically (read without TensorFlow)."""

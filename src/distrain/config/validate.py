@@ -145,6 +145,15 @@ def check_local_cluster(cfg, topology: Topology) -> None:
                           "writes: set trainer.save_model=true")
     if topology.parameter_servers and c.ps < 1:
         raise ConfigError("strategy=parameter_server needs at least one ps task: set cluster.ps=1")
+    if c.get("min_workers") is not None:
+        if cfg.strategy.name != StrategyName.multi_worker_mirrored:
+            why = "parameter-server workers leave and rejoin by themselves" if topology.parameter_servers else \
+                f"strategy={cfg.strategy.name} is one process, which has no workers to lose"
+            raise ConfigError(f"cluster.min_workers={c.min_workers} applies to strategy=multi_worker_mirrored ({why}): "
+                              "drop it")
+        if c.min_workers > c.workers:
+            raise ConfigError(f"cluster.min_workers={c.min_workers} is above cluster.workers={c.workers}: set it "
+                              f"from 1 to {c.workers}")
     tasks = topology.workers + topology.ps
     if tasks > schema.MAX_PER_CORE * schema.CORES:
         raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps} is {tasks} tasks, more than "

@@ -144,7 +144,10 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
     parameter-server worker is restarted alone. Up to cluster.max_restarts restarts in all."""
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
-    restarts, peaks = Restarts(c.max_restarts, c.restart_window), {}
+    synchronous = Topology.of(cfg).synchronous
+    restarts = Restarts(c.max_restarts, c.restart_window, workers=c.workers if synchronous else 0,
+                        min_workers=c.get("min_workers"), batch=cfg.trainer.batch_size)
+    peaks = {}
     net = cluster_lib.PrivateNetwork.shared(enabled=c.isolate is not False)  # (kept for this process's next run)
     with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
         if not net.available:
@@ -166,7 +169,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
             for task in tasks:  # after a restart of the cluster, each task's log goes on
                 task.restarts = restarts.per_task[task.name]
                 # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
-                task.env[RESTARTS_CLUSTER] = str(int(restarts.may_restart_cluster()))
+                task.env[RESTARTS_CLUSTER] = str(int(restarts.may_restart_cluster() or restarts.may_shrink()))
             log.info("local cluster (%s): %s", network, ", ".join(f"{t.name}={t.task.address}" for t in tasks))
 
             def write_cluster_json(status: str, spec=spec, tasks=tasks):  # (this attempt's)
@@ -183,7 +186,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
                 _record_restarts(run, restarts)
                 return outcome
             try:
-                cfg = _resuming(cfg, run)
+                cfg = _resuming(cfg, run, restarts.workers)
             except ConfigError as exc:  # (a full disk)
                 return Outcome(fail(exc), "failed", error_line(exc))
 
@@ -247,12 +250,15 @@ def _write_config(cfg, run: RunDir, found=None) -> None:
         raise full from exc
 
 
-def _resuming(cfg, run: RunDir):
-    """The config for a restarted cluster: resume from the latest checkpoint if there is one."""
+def _resuming(cfg, run: RunDir, workers: int):
+    """The config for a restarted cluster: resume from the latest checkpoint if there is one, with
+    `workers` (fewer, where one was lost for good: cluster.min_workers)."""
+    if workers and workers != cfg.cluster.workers:
+        cfg = OmegaConf.merge(cfg, {"cluster": {"workers": workers}})
     if not run.has_checkpoint():
         log.warning("no checkpoint yet in %s: the cluster starts from the beginning", run.checkpoints)
-        return cfg
-    cfg = OmegaConf.merge(cfg, {"trainer": {"resume": True}})
+    else:
+        cfg = OmegaConf.merge(cfg, {"trainer": {"resume": True}})
     _write_config(cfg, run)  # what the restarted tasks read
     return cfg
 

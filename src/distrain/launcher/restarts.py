@@ -10,17 +10,19 @@ log = logging.getLogger("distrain")
 
 # What to do about a task that ended (or hung): decide() picks one.
 GO_ON, RESTART_IT, LEAVE, RESTART_CLUSTER, FAIL = "go on", "restart it", "leave", "restart the cluster", "fail"
+SHRINK = "restart the cluster with fewer workers"
 
 
 def decide(code: int, *, alone: bool, essential: bool, may_restart: bool, others_running: bool = False,
-           one_departed: bool = False, may_restart_cluster: bool = False) -> str:
+           one_departed: bool = False, may_restart_cluster: bool = False, may_shrink: bool = False) -> str:
     """What a task's end means for the run. code: its exit status (1 if it hung); alone: it can be
     restarted on its own (a parameter-server worker); essential: the run cannot go on without it (not
     a sidecar evaluator); may_restart: its budget (cluster.max_restarts) allows another restart;
     others_running: other tasks like it still run, so that one past its budget may leave the run to them;
     one_departed: a task like it has left the run already, so that one restarted alone could not rejoin
     (TensorFlow's coordinator takes a worker back only once every worker answers): the cluster
-    restarts instead, as may_restart_cluster (the cluster's budget) allows.
+    restarts instead, as may_restart_cluster (the cluster's budget) allows. may_shrink: a synchronous
+    cluster may go on without it (cluster.min_workers), where the budget allows no restart.
     A status of 2 is a configuration error, which a restart would repeat and leaving would hide."""
     if code == 0:
         return GO_ON
@@ -34,8 +36,17 @@ def decide(code: int, *, alone: bool, essential: bool, may_restart: bool, others
             return LEAVE
         return FAIL if essential else GO_ON
     if essential:
-        return RESTART_CLUSTER if can_restart else FAIL
+        if can_restart:
+            return RESTART_CLUSTER
+        return SHRINK if may_shrink and code != 2 else FAIL
     return GO_ON
+
+
+def smaller(workers: int, least: int | None, batch: int) -> int | None:
+    """The size a synchronous cluster of `workers` goes on at when one is lost for good: the largest
+    below it, `least` (cluster.min_workers) at the least, over which the global batch divides; None if
+    there is none."""
+    return next((n for n in range(workers - 1, (least or workers) - 1, -1) if batch % n == 0), None)
 
 
 DEPARTED = "no: it left the run"  # the record of a worker past its budget (Restarts.leave)
@@ -55,9 +66,31 @@ class Restarts:
     alone (a parameter-server worker) and, apart, the restarts of the whole cluster."""
     CLUSTER = "the cluster"
 
-    def __init__(self, limit: int, window: float = 0.0, clock=time.time):
+    def __init__(self, limit: int, window: float = 0.0, clock=time.time, workers: int = 0,
+                 min_workers: int | None = None, batch: int = 0):
         self.limit, self.window, self.clock, self.done = limit, window, clock, []
         self.per_task = Counter()  # times each task was started again
+        # A synchronous cluster's size now, the fewest it may go on with, and the global batch it keeps
+        self.workers, self.min_workers, self.batch, self.configured = workers, min_workers, batch, workers
+
+    def may_shrink(self, task=None) -> bool:
+        """Whether the cluster may go on at a smaller size without `task` (a synchronous worker; None: any)."""
+        worker = task is None or (task.task is not None and task.task.type == "worker" and not task.alone)
+        return worker and smaller(self.workers, self.min_workers, self.batch) is not None
+
+    def shrink(self, task, code: int | None, why: str, lost_at: int | None, checkpoint: int | None) -> None:
+        """`task`, lost for good at global step `lost_at`: the cluster goes on with fewer workers from the
+        `checkpoint` step, which is said in one line and recorded."""
+        before, self.workers = self.workers, smaller(self.workers, self.min_workers, self.batch)
+        skipped = f", as {self.batch} does not divide over {before - 1}" if self.workers < before - 1 else ""
+        self.done.append({"task": task.name, "exit_status": code, "restarted": f"the cluster with {self.workers} "
+                          f"worker(s)", "budget": "cluster.min_workers", "lost_at_step": lost_at,
+                          "from_step": checkpoint or 0, "workers": self.workers, "time": round(self.clock(), 3)})
+        self.per_task.update([task.name])
+        at = f" at step {lost_at}" if lost_at is not None else ""
+        log.warning("%s; %s lost for good%s: going on with %d of %d workers from step %d%s, global batch %d kept "
+                    "(%d per worker)", self.spent(why, task), task.name, at, self.workers, self.configured,
+                    checkpoint or 0, skipped, self.batch, self.batch // self.workers)
 
     def _counted(self, task) -> list:
         """The restarts that count against the budget `task` draws on: its own if it restarts alone."""

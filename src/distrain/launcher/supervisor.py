@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distrain.common import cluster as cluster_lib
-from distrain.common import stacks
+from distrain.common import stacks, storage
 from distrain.common.cluster import Task
 from distrain.common.errors import print_error
 from distrain.common.lifetime import die_with_parent
@@ -22,7 +22,7 @@ from distrain.common.rundir import RunDir
 from distrain.launcher import memory
 from distrain.launcher.forkserver import ForkServer
 from distrain.launcher.memory import Watch
-from distrain.launcher.restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, Restarts, decide, signalled
+from distrain.launcher.restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, SHRINK, Restarts, decide, signalled
 from distrain.launcher.task_log import ERR, OUT, TaskLog, is_noise, last_state, route
 from distrain.report import results as report
 
@@ -361,7 +361,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
         gone = restarts.gone() if restarts else []
         action = decide(code, alone=task.alone, essential=task.essential,
                         may_restart=bool(restarts and restarts.may_restart(task)), others_running=bool(others),
-                        one_departed=bool(gone), may_restart_cluster=bool(restarts and restarts.may_restart_cluster()))
+                        one_departed=bool(gone), may_restart_cluster=bool(restarts and restarts.may_restart_cluster()),
+                        may_shrink=bool(restarts and restarts.may_shrink(task)))
         if task.alone and action == RESTART_CLUSTER:
             why += (f" ({', '.join(gone)} left the run, and TensorFlow's coordinator takes a worker back only once "
                     "every worker answers)")
@@ -378,6 +379,10 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
         elif action == RESTART_CLUSTER:
             restarts.take(task, None if task.hung else code, why, "the cluster from its latest checkpoint", tasks,
                           whole=True)
+            return Outcome(code, "restarting", why, restart=True)
+        elif action == SHRINK:
+            restarts.shrink(task, None if task.hung else code, why, stacks.step_of(task.position_path),
+                            storage.checkpoint_step(run.latest_checkpoint()))
             return Outcome(code, "restarting", why, restart=True)
         elif action == FAIL:
             return _failed(task, code, why, len(tasks), restarts, run)

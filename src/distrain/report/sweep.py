@@ -24,7 +24,7 @@ from distrain.report.results import logs_for_tensorboard, test_numbers
 
 MEASURES = [  # summary column <- results.json key
     ("strategy", "strategy"), ("model", "model"), ("params", "model_params"), ("workers", "num_workers"),
-    ("ps", "num_ps"), ("replicas", "num_replicas"),
+    ("ps", "num_ps"), ("replicas", "num_replicas"), ("resized", None),
     ("global_batch", "global_batch_size"), ("per_replica_batch", "per_replica_batch_size"),
     ("examples_per_sec", "examples_per_sec"), ("steps_per_sec", "steps_per_sec"),
     ("speedup", None), ("efficiency", None),
@@ -231,6 +231,8 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     row.update(results.get("time_split") or {})  # input, compute, communication: shares of the time
     peaks = results.get("peak_rss_mib") or {}
     row["peak_rss_mib"] = max(peaks.values()) if peaks else ""  # the largest task's
+    sizes = results.get("membership") or []  # (a run resumed at other sizes: its workers from each step)
+    row["resized"] = " ".join(f"{m['workers']}@{m['from_step']}" for m in sizes) if len(sizes) > 1 else ""
     row["metrics"] = test_numbers(results)
     row.update(row["metrics"])  # the test value of each metric the run measured
     return row

@@ -381,7 +381,8 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             raise Preempted((epoch + 1) * steps)
         if board:
             board.write(epoch, logs, {"epoch_examples_per_sec": steps * t.batch_size / progress.epoch_seconds[-1]}
-                        | {f"epoch_time_{part}": split[part] for part in PARTS if split} | runner.scalars())
+                        | {f"epoch_time_{part}": split[part] for part in PARTS if split} | runner.scalars()
+                        | ({"epoch_workers": progress.membership[-1]["workers"]} if progress.membership else {}))
         if progress.stopped_early:
             if t.verbose:
                 print(progress.stopped_early, flush=True)

@@ -132,6 +132,9 @@ class ParameterServer:
 class Local:
     name: str = key("local", "the whole cluster on this machine, each task a process, ports picked free")
     workers: int = key(2, "worker tasks", POSITIVE)
+    min_workers: Optional[int] = key(None, "multi_worker_mirrored: the fewest workers it goes on with when one is "
+                                     "lost for good, from its latest checkpoint, the global batch kept (null: "
+                                     "cluster.workers: such a loss ends the run)", POSITIVE, example=1)
     ps: int = key(1, "parameter-server tasks (strategy=parameter_server only)", NOT_NEGATIVE)
     evaluator: bool = key(False, "a sidecar evaluator task evaluates each epoch's checkpoint")
     threads_per_worker: Optional[int] = key(None, "TensorFlow threads per worker task (null: the cores shared "
