@@ -28,6 +28,7 @@ from helpers import (
     kill_task,
     run_cli,
     small,
+    task_state,
     to_the_launcher,
     untimed,
     wait_until,
@@ -270,22 +271,25 @@ ELASTIC = ["strategy=multi_worker_mirrored", "data=synthetic", "data.train_examp
            "trainer.batch_size=64", "trainer.verbose=2", "trainer.mixed_precision=false", *SGD_MLP]  # 32 steps an epoch
 
 
-def ends_as(run_dir: Path, whole_dir: Path, sizes: list) -> None:
-    """The run in run_dir trained at `sizes` (results.json's membership) and ends as whole_dir's (1e-5)."""
+def ends_as(run_dir: Path, whole_dir: Path, sizes: list, last: int = 64) -> None:
+    """The run in run_dir trained at `sizes` (results.json's membership) and ends at global step `last`
+    as whole_dir's (1e-5)."""
     results, whole = (json.loads((d / "results.json").read_text()) for d in (run_dir, whole_dir))
     assert results["membership"] == sizes and results["num_workers"] == sizes[-1]["workers"]
     np.testing.assert_allclose(results["history"]["loss"], whole["history"]["loss"], atol=1e-5, rtol=0)
     assert abs(results["test_loss"] - whole["test_loss"]) < 1e-5
-    end = weights(whole_dir / "checkpoints" / "ckpt-64")
-    assert max_difference(end, weights(run_dir / "checkpoints" / "ckpt-64")) <= 1e-5
-    # Control: the comparison can fail; a step fewer ends elsewhere.
-    assert max_difference(end, weights(whole_dir / "checkpoints" / "ckpt-63")) > 1e-5
+    end = weights(whole_dir / "checkpoints" / f"ckpt-{last}")
+    assert max_difference(end, weights(run_dir / "checkpoints" / f"ckpt-{last}")) <= 1e-5
+    # Control: the comparison can fail; the checkpoint a few steps before ends elsewhere.
+    before = max(int(p.stem.split("-")[1]) for p in (whole_dir / "checkpoints").glob("ckpt-*.index")
+                 if p.stem != f"ckpt-{last}")
+    assert max_difference(end, weights(whole_dir / "checkpoints" / f"ckpt-{before}")) > 1e-5
 
 
 def test_a_cluster_resumed_on_fewer_workers_ends_as_one_never_resized(tmp_path, uninterrupted):
     """multi_worker_mirrored on 2 workers for an epoch, then `trainer.resume=true cluster.workers=1
     trainer.epochs=2`: the run never resized's losses and weights, its sizes in results.json."""
-    whole_dir = uninterrupted([*ELASTIC, "cluster.workers=2", "trainer.epochs=2", "trainer.checkpoint_every_steps=1"])
+    whole_dir = uninterrupted([*ELASTIC, "cluster.workers=2", "trainer.epochs=2"])
     run_dir = tmp_path / "run"
     assert run_cli(run_dir, *ELASTIC, "cluster.workers=2", "trainer.epochs=1").returncode == 0
     out = run_cli(run_dir, "trainer.resume=true", "cluster.workers=1", "trainer.epochs=2")
@@ -301,7 +305,7 @@ def test_a_worker_lost_for_good_leaves_the_others_to_go_on_from_the_checkpoint(t
     """cluster.min_workers=1 cluster.max_restarts=0, worker-1 SIGKILLed mid-epoch: the launcher restarts
     the cluster with worker-0 alone from the latest checkpoint, which ends rc 0 as the run never
     resized; with cluster.min_workers=2 (the control) the same kill ends the run in one line."""
-    whole_dir = uninterrupted([*ELASTIC, "cluster.workers=2", "trainer.epochs=2", "trainer.checkpoint_every_steps=1"])
+    whole_dir = uninterrupted([*ELASTIC, "cluster.workers=2", "trainer.epochs=2"])
     for least in (1, 2):
         run_dir = tmp_path / f"least-{least}"
         code, out = while_running(run_dir, *ELASTIC, "cluster.workers=2", "trainer.epochs=2",
@@ -321,6 +325,39 @@ def test_a_worker_lost_for_good_leaves_the_others_to_go_on_from_the_checkpoint(t
         assert "[worker-0] error:" not in out  # (its lost peer is news: the launcher goes on)
         ends_as(run_dir, whole_dir, [{"from_step": 0, "workers": 2, "replicas": 2},
                                      {"from_step": step, "workers": 1, "replicas": 1}])
+    assert_nothing_left(tmp_path)
+
+
+def test_a_cluster_that_shrank_grows_back_once_its_restart_budget_renews(tmp_path, uninterrupted):
+    """cluster.max_restarts=1 within cluster.restart_window=3: worker-1 SIGKILLed restarts the cluster;
+    SIGKILLed again at once, it is lost for good (the cluster goes on with worker-0); once the first restart
+    is 3 s old the budget renews and the cluster grows back to 2 workers from a checkpoint of the step it
+    is at. It ends rc 0 as the run never resized."""
+    args = [*ELASTIC, "cluster.workers=2", "trainer.epochs=30"]
+    whole_dir = uninterrupted(args)
+    run_dir = tmp_path / "run"
+
+    def chaos(run):
+        _kill_after_a_mid_epoch_checkpoint(run_dir, 32, "worker-1")(run)
+        first = task_state(run_dir, "worker-1")["pid"]
+
+        def again():
+            tasks = json.loads((run_dir / "cluster.json").read_text())["tasks"]
+            return any(t["name"] == "worker-1" and t["pid"] not in (None, first) for t in tasks)
+        wait_until(again, run, "worker-1 started again", interval=0.02)
+        kill_task(run_dir, "worker-1")
+    code, out = while_running(run_dir, *args, "cluster.min_workers=1", "cluster.max_restarts=1",
+                              "cluster.restart_window=3", chaos=chaos)
+    assert code == 0, out[-3000:]
+    restarted, shrank, grew = untimed(json.loads((run_dir / "cluster.json").read_text())["restarts"])
+    assert restarted["restarted"] == "the cluster from its latest checkpoint" and shrank["workers"] == 1
+    assert grew == {"task": None, "exit_status": None, "restarted": "the cluster with 2 worker(s)",
+                    "budget": "cluster.min_workers", "workers": 2}
+    assert "growing back from 1 to 2 of 2 workers from a checkpoint of the step it is at" in out
+    assert "checkpoint saved, from which the launcher restarts the cluster" in out
+    sizes = json.loads((run_dir / "results.json").read_text())["membership"]
+    assert [m["workers"] for m in sizes] == [2, 1, 2] and 0 < sizes[1]["from_step"] < sizes[2]["from_step"] < 960
+    ends_as(run_dir, whole_dir, sizes, last=960)
     assert_nothing_left(tmp_path)
 
 

@@ -49,6 +49,12 @@ def smaller(workers: int, least: int | None, batch: int) -> int | None:
     return next((n for n in range(workers - 1, (least or workers) - 1, -1) if batch % n == 0), None)
 
 
+def larger(workers: int, most: int, batch: int) -> int | None:
+    """The size a cluster that shrank grows back to: the smallest above `workers`, `most` (cluster.workers)
+    at the most, over which the global batch divides; None if there is none."""
+    return next((n for n in range(workers + 1, most + 1) if batch % n == 0), None)
+
+
 DEPARTED = "no: it left the run"  # the record of a worker past its budget (Restarts.leave)
 
 
@@ -77,6 +83,26 @@ class Restarts:
         """Whether the cluster may go on at a smaller size without `task` (a synchronous worker; None: any)."""
         worker = task is None or (task.task is not None and task.task.type == "worker" and not task.alone)
         return worker and smaller(self.workers, self.min_workers, self.batch) is not None
+
+    def may_grow(self) -> bool:
+        """Whether a cluster that shrank may take a worker back: its restart budget renewed (the restarts
+        that spent it are older than cluster.restart_window), a larger size the batch divides over."""
+        return bool(self.workers) and self.workers < self.configured and self.may_restart_cluster() and \
+            larger(self.workers, self.configured, self.batch) is not None
+
+    def grow(self) -> str:
+        """The cluster grows back (from a checkpoint of the step it is at: the supervisor stops its tasks
+        as a preemption does); the line that says so, recorded."""
+        before, self.workers = self.workers, larger(self.workers, self.configured, self.batch)
+        self.done.append({"task": None, "exit_status": None, "restarted": f"the cluster with {self.workers} "
+                          f"worker(s)", "budget": "cluster.min_workers", "workers": self.workers,
+                          "time": round(self.clock(), 3)})
+        why = (f"the cluster's restarts that spent cluster.max_restarts={self.limit} are older than "
+               f"cluster.restart_window={self.window:g} s: growing back from {before} to {self.workers} of "
+               f"{self.configured} workers from a checkpoint of the step it is at, global batch {self.batch} kept "
+               f"({self.batch // self.workers} per worker)")
+        log.warning(why)
+        return why
 
     def shrink(self, task, code: int | None, why: str, lost_at: int | None, checkpoint: int | None) -> None:
         """`task`, lost for good at global step `lost_at`: the cluster goes on with fewer workers from the

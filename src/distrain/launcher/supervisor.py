@@ -281,7 +281,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
         changed("running")
         while True:
             _check_stopped(job)
-            ended = _ended(tasks, seen, run, restarts, changed)
+            ended = _ended(tasks, seen, run, restarts, changed) or _grown(tasks, restarts)
             if ended is None and all(t.proc.poll() == 0 or (t.proc.poll() is not None and t.name in seen)
                                      for t in tasks if t.main):  # (a failure not yet acted on: not over)
                 for task in tasks:
@@ -388,6 +388,14 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
             return _failed(task, code, why, len(tasks), restarts, run)
         elif code:
             log.warning("task %s exited with status %d: the run goes on without it", task.name, code)
+    return None
+
+
+def _grown(tasks: list, restarts: Restarts | None) -> Outcome | None:
+    """A cluster that shrank, every task up and training, whose restart budget has renewed: it restarts
+    with more workers (stopped as a preemption stops it, each task saving the step they agree on)."""
+    if restarts and restarts.may_grow() and all(t.ready and t.proc.poll() is None for t in tasks if t.main):
+        return Outcome(0, "restarting", restarts.grow(), restart=True)
     return None
 
 

@@ -117,7 +117,11 @@ def say_preempted(exc: Preempted, cfg, run: RunDir) -> None:
     saved = "checkpoint saved" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
     bar = "\n" if cfg.trainer.verbose == 1 and exc.mid_epoch else ""  # the progress bar's line ends first
     # The launcher records why it stops its tasks before it sends them SIGTERM (Ctrl-C: SIGINT, to it).
-    why = "interrupted (Ctrl-C)" if "SIGINT" in run.read_status().get("error", "") else "stopped by SIGTERM"
+    status = run.read_status()
+    if status.get("status") == "restarting":  # (a cluster that grows back: the launcher said why)
+        print(f"{bar}stopped at global step {exc}: {saved}, from which the launcher restarts the cluster", flush=True)
+        return
+    why = "interrupted (Ctrl-C)" if "SIGINT" in status.get("error", "") else "stopped by SIGTERM"
     print(f"{bar}{why} at global step {exc}: {saved}; go on with trainer.resume=true hydra.run.dir={run.path}",
           flush=True)
 
