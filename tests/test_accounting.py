@@ -54,6 +54,10 @@ def test_the_verdict_names_the_bound_and_a_fix_that_fits_the_data():
     assert "data.cache" not in timesplit.verdict({"time_split": {"compute": 0.9}, "bound": "compute"}, files)
     busy = timesplit.verdict({"time_split": {"compute": 0.9}, "bound": "compute", "input_cpu_share": 0.25}, files)
     assert "; the input pipeline takes 25% as much CPU time as training, on the same cores; decoding" in busy
+    reducing = timesplit.verdict({"time_split": {"communication": 0.6}, "bound": "communication"}, files)
+    assert "trainer.accumulate_steps=N (one all-reduce per N batches" in reducing
+    assert "accumulate_steps" not in timesplit.verdict({"time_split": {"communication": 0.6}, "bound": "communication",
+                                                        "num_ps": 1}, files)  # (refused under parameter servers)
     assert timesplit.cpu_share(2e-5, [9.0, 1.0, 1.0], 1000, 0) == pytest.approx(0.02)  # first epoch left out
     assert timesplit.cpu_share(2e-5, [1.0, 1.0], 1000, ps=1) is None  # the coordinator computes no step
 

@@ -69,6 +69,9 @@ CASES = [
     ("printed-cross", ["-c", "all", "strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.batch_size=7"],
      "must divide evenly over 2 replicas"),
     ("peer-timeout", ["cluster.peer_timeout=0"], "cluster.peer_timeout=0.0 must be a positive number of seconds"),
+    ("accumulate-zero", ["trainer.accumulate_steps=0"], "trainer.accumulate_steps=0 must be a positive integer"),
+    ("accumulate-ps", ["strategy=parameter_server", "trainer.accumulate_steps=4"], "trainer.accumulate_steps=4 "
+     "applies to synchronous strategies: under parameter servers each worker applies its own steps"),
     ("min-workers-above", [*MWMS, "cluster.workers=2", "cluster.min_workers=3"],
      "cluster.min_workers=3 is above cluster.workers=2: set it from 1 to 2"),
     ("min-workers-zero", [*MWMS, "cluster.min_workers=0"], "cluster.min_workers=0 must be a positive integer"),

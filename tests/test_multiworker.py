@@ -430,6 +430,30 @@ def test_tf_config_chief_and_worker_match_one_device(tmp_path):
     assert moved > 1e-2  # training changed the weights, so agreeing means something
 
 
+def test_two_workers_accumulating_batches_all_reduce_once_per_update_and_match_the_large_batch(tmp_path):
+    """multi_worker_mirrored, 2 workers, trainer.accumulate_steps=4 of batch 32: 16 updates of 128 examples,
+    with the weights of one device trained with batch 128 (1e-5; the control: training moved them)."""
+    from test_training import ACCUMULATED
+
+    args = [*ACCUMULATED[:-1], "data=synthetic", "data.train_examples=1024", "data.test_examples=256",
+            "trainer.verbose=2"]
+    run_dir = tmp_path / "run"
+    out = run_cli(run_dir, *args, "strategy=multi_worker_mirrored", "cluster.workers=2", "trainer.batch_size=32",
+                  "trainer.accumulate_steps=4")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["global_steps"], results["global_batch_size"], results["accumulate_steps"]) == (16, 128, 4)
+    assert "8 steps per epoch" in out.stdout + out.stderr
+    _, single = train(make_cfg(*args, "trainer.batch_size=128", "trainer.save_model=false"), tmp_path / "single")
+    restored = keras.models.clone_model(single)
+    tf.train.Checkpoint(model=restored).restore(tf.train.latest_checkpoint(run_dir / "checkpoints")).expect_partial()
+    for w_workers, w_single in zip(restored.get_weights(), single.get_weights()):
+        np.testing.assert_allclose(w_workers, w_single, atol=1e-5, rtol=0)
+    assert max(np.abs(a - b).max() for a, b in zip(single.get_weights(),
+                                                    keras.models.clone_model(single).get_weights())) > 1e-2
+    assert_nothing_left(tmp_path)
+
+
 def test_a_task_that_does_not_come_up_is_named_with_its_log(tmp_path):
     run_dir = tmp_path / "run"
     # TensorFlow alone takes seconds to import, so no task can be up within 0.5 s.

@@ -94,6 +94,23 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, monkeypat
     assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3
 
 
+def test_a_run_accumulating_batches_resumes_at_an_update_as_if_never_stopped(tmp_path, monkeypatch):
+    """trainer.accumulate_steps=2, stopped mid-epoch: its checkpoints are at updates (the batches of one
+    are summed inside one call), so the resumed run's weights are those of the run never stopped."""
+    config = ["trainer.save_model=true", "trainer.epochs=2", *SGD_MLP, "trainer.batch_size=32",
+              "trainer.accumulate_steps=2", "trainer.mixed_precision=false"]  # 16 updates an epoch
+    whole_results, whole = train(small(*config), tmp_path / "whole")
+    crash_after(monkeypatch, 23)
+    with pytest.raises(Crash):
+        train(small(*config), tmp_path / "stopped")
+    monkeypatch.undo()
+    results, resumed = train(small(*config, "trainer.resume=true"), tmp_path / "stopped")
+    assert results["resumed_from_step"] == 20 and results["global_steps"] == whole_results["global_steps"] == 32
+    for a, b in zip(whole.get_weights(), resumed.get_weights()):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(results["history"]["loss"], whole_results["history"]["loss"], rtol=1e-5)
+
+
 def test_a_run_resumed_on_other_replicas_ends_as_one_never_resized(tmp_path, monkeypatch, capsys):
     """Mirrored over 2 replicas stopped mid-epoch 2, resumed on 1 (and 1 resumed on 2), with a learning
     rate that changes every step: the global batch is cut alike for any replica count, so the weights

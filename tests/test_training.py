@@ -43,6 +43,40 @@ def sgd_mlp(strategy, batch_size=64):
                  "trainer.mixed_precision=false")  # exact comparisons are made in float32
 
 
+ACCUMULATED = ["model=mlp", "optimizer=adam", "schedule=cosine", "schedule.warmup_steps=3", "trainer.epochs=2",
+               "trainer.mixed_precision=false", "trainer.save_model=false"]  # float32: exact comparisons
+
+
+def test_accumulated_batches_are_the_update_of_one_batch_that_many_times_larger(tmp_path, monkeypatch):
+    """trainer.accumulate_steps=4 of batch 32 (one device; mirrored over 2 replicas) == batch 128: Adam's
+    moments, the warm-up and the cosine decay counted in updates (global_steps), the weights and the
+    losses within 1e-5; the gradients all-reduced once an update (the step function holds as many
+    all-reduces as without accumulation, not 4 times as many). Control: batch 32 without accumulation
+    ends elsewhere."""
+    reduces = []
+    aggregate = keras.optimizers.Optimizer.aggregate_gradients
+    monkeypatch.setattr(keras.optimizers.Optimizer, "aggregate_gradients",
+                        lambda self, pairs: reduces.append(1) or aggregate(self, pairs))  # (counted as traced)
+    mirrored = ["strategy=mirrored", "strategy.cpu_virtual_devices=2"]
+    large, whole = train(small(*ACCUMULATED, "trainer.batch_size=128"), tmp_path / "large")
+    reduces.clear()
+    train(small(*ACCUMULATED, *mirrored, "trainer.batch_size=128"), tmp_path / "large-mirrored")
+    once = len(reduces)
+    for strategy in (["strategy=default"], mirrored):
+        reduces.clear()
+        results, model = train(small(*ACCUMULATED, *strategy, "trainer.batch_size=32", "trainer.accumulate_steps=4"),
+                               tmp_path / strategy[0])
+        if strategy == mirrored:
+            assert len(reduces) == once > 0, (len(reduces), once)
+        assert (results["global_steps"], results["global_batch_size"]) == (large["global_steps"], 128) == (16, 128)
+        for a, b in zip(whole.get_weights(), model.get_weights()):
+            np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(results["history"]["loss"], large["history"]["loss"], atol=1e-5, rtol=0)
+        assert abs(results["test_loss"] - large["test_loss"]) < 1e-5
+    plain, _ = train(small(*ACCUMULATED, "trainer.batch_size=32"), tmp_path / "plain")
+    assert plain["global_steps"] == 64 and abs(plain["test_loss"] - large["test_loss"]) > 1e-3
+
+
 def test_mirrored_is_the_same_training_as_one_device(tmp_path):
     """Gradients averaged over 2 replicas of batch B/2 == one device with batch B (model=mlp, SGD)."""
     _, single = train(sgd_mlp("default"), tmp_path)

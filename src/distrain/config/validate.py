@@ -95,8 +95,13 @@ UNSHARDABLE = "Keras's mixed precision cannot cast the variables strategy.variab
 
 
 def check_trainer(cfg) -> None:
-    """The schedule's warm-up, a model to go on training, the checkpoints' directory, the precision."""
+    """The schedule's warm-up, a model to go on training, the checkpoints' directory, the precision,
+    accumulation."""
     t = cfg.trainer
+    if t.get("accumulate_steps", 1) > 1 and cfg.strategy.name == StrategyName.parameter_server:
+        raise ConfigError(f"trainer.accumulate_steps={t.accumulate_steps} applies to synchronous strategies: under "
+                          "parameter servers each worker applies its own steps as it goes (asynchronous SGD), so no "
+                          "global batch is there to accumulate; drop it, or raise trainer.batch_size")
     if t.mixed_precision is True and cfg.strategy.get("variable_partitioner"):
         raise ConfigError(f"trainer.mixed_precision=true cannot work with strategy.variable_partitioner=true "
                           f"({UNSHARDABLE}): set trainer.mixed_precision=auto (float32 then), or "

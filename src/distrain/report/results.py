@@ -18,6 +18,7 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
     data: training.Data; progress: checkpoints.Progress; test: Keras evaluate's {"loss": ..., each metric: ...}
     on the test split."""
     t, f, history, seconds = cfg.trainer, facts, progress.history, progress.epoch_seconds
+    batch = schema.update_batch(t)  # the examples of an update (trainer.accumulate_steps batches)
     found = {"strategy": cfg.strategy.name, "num_replicas": f["num_replicas"], "num_workers": f["num_workers"],
              "num_ps": f["num_ps"], "devices": f["devices"], "model": schema.label(cfg.model),
              "model_params": f["model_params"], "input_shape": list(data.shape), "num_classes": data.classes,
@@ -25,13 +26,13 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "learning_rate": t.learning_rate,
              "schedule": schema.label(cfg.schedule), "lr_scaling": t.lr_scaling,
              "scaled_learning_rate": t.learning_rate * schema.lr_factor(t),
-             "epochs": t.epochs, "global_batch_size": t.batch_size,
+             "epochs": t.epochs, "global_batch_size": batch, "accumulate_steps": t.get("accumulate_steps", 1),
              "per_replica_batch_size": f["per_replica_batch_size"], "steps_per_execution": f["steps_per_execution"],
              "precision_policy": f["precision_policy"], "onednn": f["onednn"], "jit_compile": t.jit_compile,
              "data": schema.label(cfg.data), "data_source": cfg.data.source, "train_examples": data.train_examples,
              "test_examples": data.test_examples, "train_seconds": sum(seconds),
              "seconds_to_first_step": f["seconds_to_first_step"], "epoch_seconds": seconds,
-             "examples_per_sec": throughput(data.steps * t.batch_size, seconds),
+             "examples_per_sec": throughput(data.steps * batch, seconds),
              "steps_per_sec": throughput(data.steps, seconds), "global_steps": f["global_steps"],
              "resumed_from_step": progress.resumed_from_step, "restarts": progress.restarts,
              "test_loss": float(test["loss"]), "final_train_loss": history["loss"][-1],
@@ -39,10 +40,10 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
     split = timesplit.overall(history, seconds)
     alone = f.get("input_examples_per_sec")
     rates = {"input_examples_per_sec": round(alone, 1) if alone else None,
-             "steps_examples_per_sec": timesplit.steps_rate(history, data.steps * t.batch_size)}
+             "steps_examples_per_sec": timesplit.steps_rate(history, data.steps * batch)}
     found |= {"time_split": split, "bound": timesplit.bound(split, *rates.values()), **rates,
               "input_cpu_share": timesplit.cpu_share(f.get("input_cpu_per_example"), progress.epoch_cpu_seconds,
-                                                     data.steps * t.batch_size / f["num_workers"], f["num_ps"])}
+                                                     data.steps * batch / f["num_workers"], f["num_ps"])}
     found |= {f"test_{name}": _number(value) for name, value in test.items() if name != "loss"}
     if len(progress.membership) > 1:  # resumed at another size: each size, from the global step it began
         found["membership"] = progress.membership

@@ -115,7 +115,8 @@ def verdict(results: dict, data_cfg=None) -> str:
             return (f"communication-bound: workers and the coordinator wait for each other {share}: raise "
                     "trainer.steps_per_execution (more steps per scheduled function), or use fewer workers")
         return (f"communication-bound: the gradients' all-reduce and the wait for the slowest worker take {share}: "
-                "a larger trainer.batch_size all-reduces less often per example; on one machine fewer workers, "
+                "a larger trainer.batch_size all-reduces less often per example, as does trainer.accumulate_steps=N "
+                "(one all-reduce per N batches, without a larger batch in memory); on one machine fewer workers, "
                 "or strategy=mirrored")
     line = f"compute-bound: the steps take {share}" + (
         f" (they compute {steps:,.0f} examples/s; the input pipeline alone delivers {alone:,.0f})"

@@ -149,9 +149,11 @@ def _names(data) -> list | None:
 
 
 def _steps(t, examples: int) -> int:
-    """The global steps of an epoch: trainer.steps_per_epoch, else one pass over the training examples."""
-    steps = t.get("steps_per_epoch") or examples // t.batch_size
+    """The global steps (optimizer updates) of an epoch: trainer.steps_per_epoch, else one pass over the
+    training examples."""
+    steps = t.get("steps_per_epoch") or examples // schema.update_batch(t)
     if steps == 0:
-        raise ConfigError(f"trainer.batch_size={t.batch_size} is larger than the {examples} training "
+        accumulated = f" x trainer.accumulate_steps={t.accumulate_steps}" if t.get("accumulate_steps", 1) > 1 else ""
+        raise ConfigError(f"trainer.batch_size={t.batch_size}{accumulated} is larger than the {examples} training "
                           f"examples: set trainer.batch_size={examples} or less, or trainer.steps_per_epoch")
     return steps

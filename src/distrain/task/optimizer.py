@@ -5,7 +5,7 @@ import tf_keras as keras
 from omegaconf import OmegaConf
 
 from distrain.common.errors import ConfigError
-from distrain.config.schema import lr_factor
+from distrain.config.schema import lr_factor, update_batch
 from distrain.config.targets import takes
 from distrain.config.validate import instantiate, instantiate_as
 
@@ -57,7 +57,7 @@ def learning_rate(cfg, steps_per_epoch: int):
     said = [f"learning rate {t.learning_rate * factor:g}"]  # joined by spaces
     if factor != 1:
         said.append(f"(trainer.learning_rate {t.learning_rate:g} x {factor:g}: {t.lr_scaling} scaling, global batch "
-                    f"{t.batch_size} / reference {t.reference_batch_size})")
+                    f"{update_batch(t)} / reference {t.reference_batch_size})")
     if warmup:
         said.append(f"reached by a linear warm-up over the first {warmup} steps")
     schedule = t.learning_rate

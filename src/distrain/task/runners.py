@@ -21,26 +21,47 @@ from distrain.task.strategy import replica_devices
 KEPT = []
 
 
-def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tally, timed: bool = True):
+def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tally, timed: bool = True,
+                     accumulate: int = 1):
     """A tf.function that runs `steps` training steps on this worker's replicas and returns this
     worker's sums (metrics.Tally: the losses, each metric's state, the examples). loss_fn(labels,
     outputs): the loss of each example (reduction "none"). The sums stay local: Keras metrics would be
     synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks.
-    timed: stamp the steps for the time split (timesplit.py); else their clocks are zeros."""
+    timed: stamp the steps for the time split (timesplit.py); else their clocks are zeros.
+    accumulate (trainer.accumulate_steps): a step is one update from this many batches, each replica
+    summing its gradients of each (their loss divided by `accumulate`) before the one all-reduce."""
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
-    gradients = make_gradients(model, optimizer, loss_fn, jit_compile, scaled)
+    gradients = make_gradients(model, optimizer, loss_fn, jit_compile, scaled, 1.0 / accumulate)
 
     remote = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)  # variables on ps tasks
     aggregator = optimizer.inner_optimizer if scaled else optimizer  # (as the loss-scaling one aggregates)
+    connected = []  # the variables that have gradients (found as the first batch's function is traced)
+
+    def update(grads, variables):
+        """A replica's update: its clock [seconds in the all-reduce, when its update was done]."""
+        if not timed:
+            optimizer.apply_gradients(zip(grads, variables))  # all-reduces across replicas
+            return tf.zeros([2], tf.float64)
+        return timed_update(optimizer, aggregator, grads, variables, remote)
 
     def step(images, labels):
-        """A replica's step: its sums, and its clock [seconds in the all-reduce, when its update was done]."""
+        """A replica's step: its sums, and its clock."""
         grads, losses, outputs = gradients(images, labels)
-        sums = tally.add(labels, outputs, losses)
-        if not timed:
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces across replicas
-            return sums, tf.zeros([2], tf.float64)
-        return sums, timed_update(optimizer, aggregator, grads, model.trainable_variables, remote)
+        return tally.add(labels, outputs, losses), update(grads, model.trainable_variables)
+
+    def first(images, labels):
+        """A replica's first batch of an update: its gradients (of the variables they reach), its sums."""
+        grads, losses, outputs = gradients(images, labels)
+        connected[:] = [i for i, g in enumerate(grads) if g is not None]
+        return [tf.convert_to_tensor(grads[i]) for i in connected], tally.add(labels, outputs, losses)
+
+    def more(images, labels, held):
+        """A replica's next batch: the gradients summed on this replica, no all-reduce."""
+        grads, losses, outputs = gradients(images, labels)
+        return [h + tf.convert_to_tensor(grads[i]) for h, i in zip(held, connected)], tally.add(labels, outputs, losses)
+
+    def apply(held):
+        return update(held, [model.trainable_variables[i] for i in connected])
 
     @tf.function(autograph=False)
     def train_steps(iterator, steps):
@@ -48,12 +69,19 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
         its replicas), of the whole call]. Each batch is asked for once the step before is done, so that
         its wait is not the previous step's work."""
         def one_step(done, totals, waited, reducing, finished):
-            asked = stamp_after([totals, finished])
-            with tf.control_dependencies([asked]):
-                batch = next(iterator)
-            waited += stamp_after(batch) - asked
-            sums, clock = strategy.run(step, args=batch)
-            totals += tf.add_n(strategy.experimental_local_results(sums))
+            held = None
+            for k in range(accumulate):  # (unrolled: `accumulate` batches, then one update)
+                asked = stamp_after([totals, finished])
+                with tf.control_dependencies([asked]):
+                    batch = next(iterator)
+                waited += stamp_after(batch) - asked
+                if accumulate == 1:
+                    sums, clock = strategy.run(step, args=batch)
+                else:
+                    held, sums = strategy.run(first, args=batch) if k == 0 else strategy.run(more, args=(*batch, held))
+                totals += tf.add_n(strategy.experimental_local_results(sums))
+            if accumulate > 1:
+                clock = strategy.run(apply, args=(held,))
             clocks = tf.stack(strategy.experimental_local_results(clock))
             reducing += tf.reduce_mean(clocks[:, 0])
             finished = tf.maximum(tf.reduce_max(clocks[:, 1]), asked) if timed else asked
@@ -69,9 +97,10 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
     return train_steps
 
 
-def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool):
+def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool, share: float = 1.0):
     """A tf.function of a replica's forward and backward pass: (gradients, each example's loss, float32
-    outputs); XLA compiles this part only, never the cross-worker all-reduce."""
+    outputs); XLA compiles this part only, never the cross-worker all-reduce. share: the batch's part of
+    an update (1 / trainer.accumulate_steps), by which its loss is multiplied."""
     # Autograph converts what the user brings, as Keras's fit does: the model's and the loss's calls here
     # (tf_keras converts a subclassed layer's or loss's own code within), the metrics' in the tally. The
     # steps and their helpers here are TensorFlow's ops, branching on Python values only: converting them
@@ -87,6 +116,8 @@ def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool):
                 penalty = tf.add_n([tf.cast(x, tf.float32) for x in model.losses])
                 loss += tf.nn.scale_regularization_loss(penalty)
                 losses = tf.cast(losses, tf.float32) + penalty  # reported as fit reports it: with the penalty
+            if share != 1.0:  # (summed over an update's batches: the mean over them all)
+                loss *= share
             if scaled:
                 loss = optimizer.get_scaled_loss(loss)
         grads = tape.gradient(loss, model.trainable_variables)

@@ -82,10 +82,11 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         if t.resume else Progress()  # every task reads the chief's checkpoints
     before = joined(progress, context.topology.workers, context.replicas, progress.resumed_from_step or 0)
     if before and chief:
-        print(resized_line(before, progress, t.batch_size, data, context.topology.parameter_servers), flush=True)
+        print(resized_line(before, progress, schema.update_batch(t), data, context.topology.parameter_servers),
+              flush=True)
     # Resumed, the data goes on from the batch after the last one trained: the batches an uninterrupted
     # run would have seen. Files, at another size: their shares change, so they are read afresh.
-    skip = 0 if before and data.streamed else progress.epoch * data.steps + progress.step
+    skip = 0 if before and data.streamed else (progress.epoch * data.steps + progress.step) * t.accumulate_steps
     where = run.tensorboard / (context.task.name if context.task else "train")
     workers = context.cluster.get("worker", []) if context.topology.parameter_servers else []
     profile = Profile(t.get("profile"), where, t.epochs * data.steps, workers)  # (checked before anything trains)
@@ -194,7 +195,8 @@ def make_runner(strategy, context: RunContext, cfg, data: TrainingData, model, o
     check_loss(loss, data.sample_labels, outputs, schema.label(cfg.loss), guessed)
     check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
-    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally, t.time_split)
+    train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally, t.time_split,
+                                   t.accumulate_steps)
     topology = context.topology
     if topology.parameter_servers:
         runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
@@ -380,7 +382,8 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
         if Preemption.requested and epoch + 1 < t.epochs:
             raise Preempted((epoch + 1) * steps)
         if board:
-            board.write(epoch, logs, {"epoch_examples_per_sec": steps * t.batch_size / progress.epoch_seconds[-1]}
+            board.write(epoch, logs, {"epoch_examples_per_sec": steps * schema.update_batch(t) /
+                                      progress.epoch_seconds[-1]}
                         | {f"epoch_time_{part}": split[part] for part in PARTS if split} | runner.scalars()
                         | ({"epoch_workers": progress.membership[-1]["workers"]} if progress.membership else {}))
         if progress.stopped_early:

@@ -27,6 +27,7 @@ from .run import (
     TfConfig,
     Trainer,
     lr_factor,
+    update_batch,
 )
 from .task import (
     ACCURACY,

@@ -24,6 +24,9 @@ from .keys import (
 class Trainer:
     epochs: int = key(12, "passes over the training data", POSITIVE)
     batch_size: int = key(128, "GLOBAL batch: each of N replicas gets batch_size / N", POSITIVE)
+    accumulate_steps: int = key(1, "one optimizer update per this many batches, their gradients summed on each "
+                                "replica and all-reduced once: the update of a batch this many times larger "
+                                "(synchronous strategies)", POSITIVE, example=4)
     steps_per_epoch: Optional[int] = key(None, "global steps an epoch (null: one pass over the training data); "
                                          "for data larger than a pass should take", POSITIVE, example=1000)
     learning_rate: float = key(0.002, "the learning rate (the schedule's initial one), for "
@@ -75,9 +78,14 @@ class Trainer:
                          "hydra.sweeper.direction=minimize for a loss)")
 
 
+def update_batch(t) -> int:
+    """The examples of one optimizer update: trainer.batch_size times trainer.accumulate_steps."""
+    return t.batch_size * (t.get("accumulate_steps") or 1)
+
+
 def lr_factor(t) -> float:
-    """The factor trainer.lr_scaling puts on trainer.learning_rate for the global batch."""
-    ratio = t.batch_size / t.reference_batch_size
+    """The factor trainer.lr_scaling puts on trainer.learning_rate for the global batch (of an update)."""
+    ratio = update_batch(t) / t.reference_batch_size
     return {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[t.lr_scaling]
 
 
