@@ -112,3 +112,21 @@ def test_a_resume_at_another_size_keeps_the_global_batch_or_says_which_sizes_do(
     check_resized(make_cfg("strategy=multi_worker_mirrored", "cluster.workers=4", "trainer.batch_size=64"),
                   ["cluster.workers=4"])
     check_resized(cfg, [])  # (not resized: validate() says it as for a new run)
+
+
+def test_a_resume_may_change_the_workers_and_replicas_and_nothing_else_of_the_run(tmp_path):
+    """trainer.resume=true takes the run's config; cluster.workers, strategy.devices and
+    strategy.cpu_virtual_devices may change with it (a resume at another size), the batch may not."""
+    from omegaconf import OmegaConf
+
+    from distrain.config.validate import resumed
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-32"\n')
+    OmegaConf.save(make_cfg("strategy=multi_worker_mirrored", "cluster.workers=2"), run / "config.yaml")
+    overrides = ["trainer.resume=true", "cluster.workers=1", "trainer.epochs=20"]
+    cfg = resumed(make_cfg("strategy=multi_worker_mirrored", *overrides), run, overrides)
+    assert (cfg.cluster.workers, cfg.trainer.epochs, cfg.trainer.resume) == (1, 20, True)
+    with pytest.raises(ConfigError, match="trainer.batch_size=64 contradicts the run being resumed"):
+        resumed(make_cfg("strategy=multi_worker_mirrored", "trainer.batch_size=64"), run, ["trainer.batch_size=64"])

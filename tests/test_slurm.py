@@ -182,3 +182,22 @@ def test_evaluate_and_predict_run_on_the_slurm_tasks_as_in_one_process(tmp_path)
         assert abs(ps[key] - one[key]) < 1e-5, (key, ps, one)
     assert not list((run / "evaluations").glob("*/parts-*"))
     assert_nothing_left(tmp_path)
+
+
+def test_a_run_resumes_on_the_slurm_tasks_it_has(tmp_path):
+    """A multi_worker_mirrored run on 2 Slurm tasks for an epoch goes on, from its checkpoint, on the 1 task
+    of another job step (as a job started again on fewer nodes would), the global batch kept."""
+    run_dir = tmp_path / "run"
+    args = ["strategy=multi_worker_mirrored", "cluster=slurm", f"hydra.run.dir={run_dir}",
+            "trainer.mixed_precision=false", *(a for a in QUICK if not a.startswith("trainer.epochs="))]
+    first = srun(tmp_path, 2, *args, "trainer.epochs=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    then = srun(tmp_path, 1, *args, "trainer.epochs=2", "trainer.resume=true")
+    assert then.returncode == 0, then.stderr[-3000:]
+    assert ("resumed at step 32 on 1 worker, 1 replica; its checkpoint was made on 2 workers, 2 replicas: the global "
+            "batch 64 kept (64 per replica)") in then.stdout + then.stderr
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["membership"] == [{"from_step": 0, "workers": 2, "replicas": 2},
+                                     {"from_step": 32, "workers": 1, "replicas": 1}]
+    assert results["global_steps"] == 64 and len(results["history"]["loss"]) == 2
+    assert_nothing_left(tmp_path)
