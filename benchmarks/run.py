@@ -314,7 +314,7 @@ def pipeline(b: Bench) -> None:
 
     (x, y), _ = data_lib.load(OmegaConf.create({"source": "bundled", "name": "mnist"}), 42)
     modes = {"global batches (default, mirrored, central_storage)": {"batch_size": 128},
-             "a worker's slice of each global batch (multi_worker_mirrored, 2)": {"batch_size": 128, "part": (0, 2)},
+             "a worker's slice of each global batch (multi_worker_mirrored, 2)": {"batch_size": 128, "part": (0, 64)},
              "a worker's own shard (parameter_server, 2 workers)": {"batch_size": 128, "shard": (2, 0)}}
     training = getattr(b, "training_rate", None)  # the fastest measured on 2 cores (settings)
     if training is None:

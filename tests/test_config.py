@@ -99,21 +99,6 @@ def test_a_run_made_before_the_builders_moved_names_them_as_they_are_now():
     assert validate(cfg).model._target_ == "distrain.model.nosuch"
 
 
-def test_a_resume_at_another_size_keeps_the_global_batch_or_says_which_sizes_do():
-    """A resume may change the workers or replicas (check_same_run lets them through), not the global
-    batch: a size it does not divide over is one line naming the sizes that do (control: 4 workers)."""
-    from distrain.config.validate import RESIZES, check_resized
-
-    assert RESIZES == ("cluster.workers", "strategy.devices", "strategy.cpu_virtual_devices")
-    cfg = make_cfg("strategy=multi_worker_mirrored", "cluster.workers=3", "trainer.batch_size=64")
-    with pytest.raises(ConfigError, match=r"^cluster.workers=3: the run's global batch, trainer.batch_size=64, is "
-                                          r"kept on a resume and does not divide over 3 replicas: resume on 1, 2, 4 "):
-        check_resized(cfg, ["cluster.workers=3"])
-    check_resized(make_cfg("strategy=multi_worker_mirrored", "cluster.workers=4", "trainer.batch_size=64"),
-                  ["cluster.workers=4"])
-    check_resized(cfg, [])  # (not resized: validate() says it as for a new run)
-
-
 def test_a_resume_may_change_the_workers_and_replicas_and_nothing_else_of_the_run(tmp_path):
     """trainer.resume=true takes the run's config; cluster.workers, strategy.devices and
     strategy.cpu_virtual_devices may change with it (a resume at another size), the batch may not."""

@@ -188,11 +188,17 @@ def test_worker_parts_reassemble_the_one_device_batches():
         return [b[1].numpy() for b in ds]
 
     whole = batches()
-    halves = [batches(part=(2, i)) for i in range(2)]
+    halves = [batches(part=(first, 32)) for first in (0, 32)]
     assert len(whole) == 3 and all(len(b) == 64 for b in whole)  # 200 // 64, remainder dropped
     for step, batch in enumerate(whole):
         np.testing.assert_array_equal(np.concatenate([halves[0][step], halves[1][step]]), batch)
     assert not np.array_equal(halves[0][0], halves[1][0])
+    # Uneven (a run resumed on 3 replicas keeps its batch of 64): 22, 21, 21 examples, together the same.
+    assert pipeline.replica_shares(64, 3) == [22, 21, 21] and pipeline.replica_shares(64, 2) == [32, 32]
+    assert pipeline.pipeline_shares(64, 4, 2) == [32, 32] and pipeline.pipeline_shares(66, 4, 2) == [34, 32]
+    thirds = [batches(part=(first, size)) for first, size in ((0, 22), (22, 21), (43, 21))]
+    for step, batch in enumerate(whole):
+        np.testing.assert_array_equal(np.concatenate([third[step] for third in thirds]), batch)
 
 
 def test_repeated_epochs_are_reshuffled_whole_batches():

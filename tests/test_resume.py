@@ -145,6 +145,30 @@ def test_a_run_resumed_on_other_replicas_ends_as_one_never_resized(tmp_path, mon
     assert abs(other["test_loss"] - uninterrupted["test_loss"]) > 1e-3
 
 
+def test_a_batch_that_does_not_divide_over_the_replicas_left_is_split_unevenly_and_kept(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A global batch of 63 on 1 replica, resumed on 2: 32 and 31 examples each, the loss averaged over
+    the 63, so the run ends as the one never resized (a new run of 63 on 2 replicas is refused: the
+    bad-input catalogue)."""
+    config = ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.save_model=true", "trainer.epochs=2",
+              *SGD_MLP, "trainer.batch_size=63", "trainer.mixed_precision=false"]  # 16 steps an epoch
+    whole_results, whole = train(small(*config, "strategy.devices=[/cpu:0]"), tmp_path / "whole")
+    crash_after(monkeypatch, 23)
+    with pytest.raises(Crash):
+        train(small(*config, "strategy.devices=[/cpu:0]"), tmp_path / "run")
+    monkeypatch.undo()
+    capsys.readouterr()
+    results, resumed = train(small(*config, "strategy.devices=[/cpu:0,/cpu:1]", "trainer.resume=true",
+                                   "trainer.verbose=2"), tmp_path / "run")
+    assert ("the global batch 63 kept, split unevenly over the 2 replicas (32 or 31 each" in capsys.readouterr().out)
+    assert results["resumed_from_step"] == 20 and results["num_replicas"] == 2
+    for a, b in zip(whole.get_weights(), resumed.get_weights()):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(results["history"]["loss"], whole_results["history"]["loss"], atol=1e-5, rtol=0)
+    _, other = train(small(*config, "strategy.devices=[/cpu:0]", "trainer.seed=7"), tmp_path / "other")
+    assert max(np.abs(a - b).max() for a, b in zip(whole.get_weights(), other.get_weights())) > 1e-3  # (control)
+
+
 def test_a_one_process_task_killed_by_hand_says_how_to_go_on_and_that_command_resumes(tmp_path):
     """kill -9 of a one-process run's task: one error line, naming the signal and the command that goes on
     (the task could say nothing, and the terminal showed only its progress). That command, word for word,

@@ -17,6 +17,8 @@ from distrain.launcher.restarts import (
     SHRINK,
     Restarts,
     decide,
+    larger,
+    per_worker,
     signalled,
     smaller,
 )
@@ -56,14 +58,14 @@ def test_a_synchronous_worker_lost_for_good_shrinks_the_cluster_to_no_fewer_than
     assert decide(code, alone=False, essential=True, may_restart=may_restart, may_shrink=may_shrink) == action
 
 
-@pytest.mark.parametrize("workers, least, batch, size", [
-    (2, 1, 64, 1), (3, 1, 96, 2), (3, 2, 96, 2),
-    (4, 1, 64, 2),           # 64 does not divide over 3: 2
-    (4, 3, 64, None),        # ... and 2 is below cluster.min_workers
-    (2, 2, 64, None), (2, None, 64, None),  # at cluster.min_workers (null: cluster.workers)
+@pytest.mark.parametrize("workers, least, size", [
+    (2, 1, 1), (3, 1, 2), (3, 2, 2), (4, 3, 3),
+    (2, 2, None), (2, None, None),  # at cluster.min_workers (null: cluster.workers)
 ])
-def test_the_size_a_cluster_shrinks_to_keeps_the_global_batch(workers, least, batch, size):
-    assert smaller(workers, least, batch) == size
+def test_a_cluster_shrinks_by_one_down_to_min_workers_and_grows_back_to_workers(workers, least, size):
+    assert smaller(workers, least) == size
+    assert larger(workers - 1, workers) == workers and larger(workers, workers) is None
+    assert per_worker(64, 2) == "32 per worker" and per_worker(64, 3) == "22 or 21 per worker, split unevenly"
 
 
 @pytest.mark.parametrize("may_restart, others_running, may_restart_cluster, action", [

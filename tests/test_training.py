@@ -44,6 +44,7 @@ def sgd_mlp(strategy, batch_size=64):
 
 
 ACCUMULATED = ["model=mlp", "optimizer=adam", "schedule=cosine", "schedule.warmup_steps=3", "trainer.epochs=2",
+               "data.train_examples=1000",  # (7 updates of 128 an epoch, 104 examples left over: dropped alike)
                "trainer.mixed_precision=false", "trainer.save_model=false"]  # float32: exact comparisons
 
 
@@ -68,13 +69,13 @@ def test_accumulated_batches_are_the_update_of_one_batch_that_many_times_larger(
                                tmp_path / strategy[0])
         if strategy == mirrored:
             assert len(reduces) == once > 0, (len(reduces), once)
-        assert (results["global_steps"], results["global_batch_size"]) == (large["global_steps"], 128) == (16, 128)
+        assert (results["global_steps"], results["global_batch_size"]) == (large["global_steps"], 128) == (14, 128)
         for a, b in zip(whole.get_weights(), model.get_weights()):
             np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
         np.testing.assert_allclose(results["history"]["loss"], large["history"]["loss"], atol=1e-5, rtol=0)
         assert abs(results["test_loss"] - large["test_loss"]) < 1e-5
     plain, _ = train(small(*ACCUMULATED, "trainer.batch_size=32"), tmp_path / "plain")
-    assert plain["global_steps"] == 64 and abs(plain["test_loss"] - large["test_loss"]) > 1e-3
+    assert plain["global_steps"] == 62 and abs(plain["test_loss"] - large["test_loss"]) > 1e-3
 
 
 def test_mirrored_is_the_same_training_as_one_device(tmp_path):

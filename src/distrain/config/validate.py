@@ -57,7 +57,8 @@ def validate(cfg: DictConfig, model_code: bool = True) -> DictConfig:
     check_devices(cfg.strategy, cfg.trainer.jit_compile, topology.parameter_servers)
     if cfg.cluster.name == "local":
         check_local_cluster(cfg, topology)
-    check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg.strategy, topology))
+    if not cfg.trainer.resume:  # (a run resumed at another size splits its global batch unevenly where need be)
+        check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg.strategy, topology))
     check_devices_present(cfg.strategy)
     return cfg
 
@@ -369,7 +370,6 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     for key in override_keys(overrides):
         if key in RESUME_MAY_CHANGE:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key))
-    check_resized(merged, [o for o, k in zip(overrides, override_keys(overrides)) if k in RESIZES])
     if not RunDir(run_dir, merged).has_checkpoint():
         raise ConfigError(f"trainer.resume=true but {RunDir(run_dir, merged).checkpoints} holds no checkpoint to "
                           "resume from: resume a run that saved one (trainer.save_model=true), or drop trainer.resume")
@@ -377,17 +377,6 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
 
 
 RESIZES = RESUME_MAY_CHANGE[4:]  # the keys of a run's size
-
-
-def check_resized(cfg: DictConfig, resizing: list) -> None:
-    """A resume at another size keeps the global batch: a ConfigError where it does not divide over the
-    replicas the `resizing` overrides make."""
-    replicas, batch = configured_replicas(cfg.strategy, Topology.of(cfg)), cfg.trainer.batch_size
-    if resizing and replicas and batch % replicas:
-        fits = [n for n in range(1, 2 * replicas + 1) if batch % n == 0]
-        raise ConfigError(f"{' '.join(resizing)}: the run's global batch, trainer.batch_size={batch}, is kept on a "
-                          f"resume and does not divide over {replicas} replicas: resume on {', '.join(map(str, fits))} "
-                          "replicas (a divisor of the batch)")
 
 
 def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrides: list) -> None:

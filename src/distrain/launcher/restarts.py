@@ -42,17 +42,21 @@ def decide(code: int, *, alone: bool, essential: bool, may_restart: bool, others
     return GO_ON
 
 
-def smaller(workers: int, least: int | None, batch: int) -> int | None:
-    """The size a synchronous cluster of `workers` goes on at when one is lost for good: the largest
-    below it, `least` (cluster.min_workers) at the least, over which the global batch divides; None if
-    there is none."""
-    return next((n for n in range(workers - 1, (least or workers) - 1, -1) if batch % n == 0), None)
+def smaller(workers: int, least: int | None) -> int | None:
+    """The size a synchronous cluster of `workers` goes on at when one is lost for good: one fewer, if
+    that leaves `least` (cluster.min_workers; None: every worker needed); else None."""
+    return workers - 1 if workers - 1 >= (least or workers) else None
 
 
-def larger(workers: int, most: int, batch: int) -> int | None:
-    """The size a cluster that shrank grows back to: the smallest above `workers`, `most` (cluster.workers)
-    at the most, over which the global batch divides; None if there is none."""
-    return next((n for n in range(workers + 1, most + 1) if batch % n == 0), None)
+def larger(workers: int, most: int) -> int | None:
+    """The size a cluster that shrank grows back to: one more, up to `most` (cluster.workers)."""
+    return workers + 1 if workers < most else None
+
+
+def per_worker(batch: int, workers: int) -> str:
+    """A global batch's share per worker, in words: even, or one example apart."""
+    low = batch // workers
+    return f"{low} per worker" if batch % workers == 0 else f"{low + 1} or {low} per worker, split unevenly"
 
 
 DEPARTED = "no: it left the run"  # the record of a worker past its budget (Restarts.leave)
@@ -82,41 +86,40 @@ class Restarts:
     def may_shrink(self, task=None) -> bool:
         """Whether the cluster may go on at a smaller size without `task` (a synchronous worker; None: any)."""
         worker = task is None or (task.task is not None and task.task.type == "worker" and not task.alone)
-        return worker and smaller(self.workers, self.min_workers, self.batch) is not None
+        return worker and smaller(self.workers, self.min_workers) is not None
 
     def may_grow(self) -> bool:
         """Whether a cluster that shrank may take a worker back: its restart budget renewed (the restarts
         that spent it are older than cluster.restart_window), a larger size the batch divides over."""
         return bool(self.workers) and self.workers < self.configured and self.may_restart_cluster() and \
-            larger(self.workers, self.configured, self.batch) is not None
+            larger(self.workers, self.configured) is not None
 
     def grow(self) -> str:
         """The cluster grows back (from a checkpoint of the step it is at: the supervisor stops its tasks
         as a preemption does); the line that says so, recorded."""
-        before, self.workers = self.workers, larger(self.workers, self.configured, self.batch)
+        before, self.workers = self.workers, larger(self.workers, self.configured)
         self.done.append({"task": None, "exit_status": None, "restarted": f"the cluster with {self.workers} "
                           f"worker(s)", "budget": "cluster.min_workers", "workers": self.workers,
                           "time": round(self.clock(), 3)})
         why = (f"the cluster's restarts that spent cluster.max_restarts={self.limit} are older than "
                f"cluster.restart_window={self.window:g} s: growing back from {before} to {self.workers} of "
                f"{self.configured} workers from a checkpoint of the step it is at, global batch {self.batch} kept "
-               f"({self.batch // self.workers} per worker)")
+               f"({per_worker(self.batch, self.workers)})")
         log.warning(why)
         return why
 
     def shrink(self, task, code: int | None, why: str, lost_at: int | None, checkpoint: int | None) -> None:
         """`task`, lost for good at global step `lost_at`: the cluster goes on with fewer workers from the
         `checkpoint` step, which is said in one line and recorded."""
-        before, self.workers = self.workers, smaller(self.workers, self.min_workers, self.batch)
-        skipped = f", as {self.batch} does not divide over {before - 1}" if self.workers < before - 1 else ""
+        self.workers = smaller(self.workers, self.min_workers)
         self.done.append({"task": task.name, "exit_status": code, "restarted": f"the cluster with {self.workers} "
                           f"worker(s)", "budget": "cluster.min_workers", "lost_at_step": lost_at,
                           "from_step": checkpoint or 0, "workers": self.workers, "time": round(self.clock(), 3)})
         self.per_task.update([task.name])
         at = f" at step {lost_at}" if lost_at is not None else ""
-        log.warning("%s; %s lost for good%s: going on with %d of %d workers from step %d%s, global batch %d kept "
-                    "(%d per worker)", self.spent(why, task), task.name, at, self.workers, self.configured,
-                    checkpoint or 0, skipped, self.batch, self.batch // self.workers)
+        log.warning("%s; %s lost for good%s: going on with %d of %d workers from step %d, global batch %d kept (%s)",
+                    self.spent(why, task), task.name, at, self.workers, self.configured, checkpoint or 0, self.batch,
+                    per_worker(self.batch, self.workers))
 
     def _counted(self, task) -> list:
         """The restarts that count against the budget `task` draws on: its own if it restarts alone."""

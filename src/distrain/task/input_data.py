@@ -103,8 +103,8 @@ def load_data(cfg, context: RunContext) -> TrainingData:
     """The training and test arrays, or what the data files hold (as the launcher found them, in the
     run's data.json, else scanned here), checked against the batch and the replicas."""
     t = cfg.trainer
-    if context.topology.synchronous:  # (parameter servers: a batch per worker's step)
-        check_batch_divides(t.batch_size, context.replicas)
+    if context.topology.synchronous and not t.resume:  # (parameter servers: a batch per worker's step; resumed
+        check_batch_divides(t.batch_size, context.replicas)  # at another size: split unevenly where need be)
     if cfg.data.source in schema.FILE_SOURCES:
         content = context.run.read_data()
         found = files.from_json(content) if content else files.scan(cfg.data, t.seed)

@@ -22,11 +22,25 @@ unconverted = tf.autograph.experimental.do_not_convert
 
 class Part(NamedTuple):
     """Which part of the training data an input pipeline reads: pipeline `index` of `pipelines`, in
-    batches of `batch`; own: a parameter-server worker's own shard, else its part of every global batch."""
+    batches of `batch`; own: a parameter-server worker's own shard, else its part of every global batch,
+    from its example `first` on."""
     pipelines: int
     index: int
     batch: int
     own: bool
+    first: int = 0
+
+
+def replica_shares(batch: int, replicas: int) -> list[int]:
+    """Each replica's examples of a global batch: equal where the batch divides over the replicas, else
+    the first batch % replicas one more (a run resumed at another size keeps its global batch so)."""
+    return [batch // replicas + (i < batch % replicas) for i in range(replicas)]
+
+
+def pipeline_shares(batch: int, replicas: int, pipelines: int) -> list[int]:
+    """Each input pipeline's examples of a global batch: its replicas' shares."""
+    shares, each = replica_shares(batch, replicas), replicas // pipelines
+    return [sum(shares[i * each:(i + 1) * each]) for i in range(pipelines)]
 
 
 class InputReader:
@@ -53,16 +67,20 @@ class InputReader:
         t = self.cfg.trainer
         if not self.training:
             return _finish(self.source.test(self.cfg, self.examples), training=False)
+        here = []  # the examples of each replica this pipeline feeds (synchronous)
         if self.own_shards:  # runs on the worker
             part = Part(self.own_shards, tf.distribute.coordinator.experimental_get_current_worker_index(),
                         context.get_per_replica_batch_size(t.batch_size), own=True)
         else:
             pipelines, index = (context.num_input_pipelines, context.input_pipeline_id) if context else (1, 0)
-            part = Part(pipelines, index, t.batch_size // pipelines, own=False)
+            replicas = context.num_replicas_in_sync if context else 1
+            here = replica_shares(t.batch_size, replicas)[index * (replicas // pipelines):
+                                                          (index + 1) * (replicas // pipelines)]
+            part = Part(pipelines, index, sum(here), own=False, first=sum(pipeline_shares(t.batch_size, replicas,
+                                                                                          pipelines)[:index]))
         ds = self.source.train(part, self.cfg, self.skip)
-        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines if context else 1
-        if replicas_here > 1 and not part.own:
-            ds = ds.rebatch(context.get_per_replica_batch_size(t.batch_size))
+        if not part.own and len(here) > 1:
+            ds = ds.rebatch(here if len(set(here)) > 1 else here[0])
         return _finish(ds, training=True)
 
     def sharding_line(self, pipelines: int) -> str:
@@ -115,7 +133,8 @@ class ArraySource:
         # exactly the one a single device would take. Every step is a full global batch (the remainder
         # is dropped).
         return make_dataset(self.images, self.labels, t.batch_size, seed=t.seed, drop_remainder=True, repeat=True,
-                            shuffle_buffer=shuffle, skip=skip, part=(part.pipelines, part.index))
+                            shuffle_buffer=shuffle, skip=skip, part=(part.first, part.batch),
+                            accumulate=t.get("accumulate_steps") or 1)
 
     def sharding_line(self, pipelines: int) -> str:
         return ""
@@ -368,16 +387,18 @@ def bad_data(exc: Exception) -> ConfigError | None:
 
 
 def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=False, shard=None,
-                 part=None, drop_remainder=False, skip=0, n=None):
+                 part=None, drop_remainder=False, skip=0, n=None, accumulate=1):
     """The examples of arrays in memory (data.load() gives them): shuffle (fixed seed) and batch example
     indices, then gather and normalise each batch from the arrays (InputReader prefetches and sets the
     options).
 
     Shuffling indices rather than images is cheap, and lets a worker build only its own part of
-    each batch: part=(n, i) keeps slice i of n of every batch, in order, so n sync workers together
-    see exactly the batches one device would. shard=(n, i) keeps every n-th example instead
-    (parameter-server workers, each reading its own share). The arrays live in memory as tensors,
-    which is the cache: nothing is decoded twice.
+    each batch: part=(first, size) keeps examples first to first + size of every batch, so the sync
+    workers together see exactly the batches one device would. shard=(n, i) keeps every n-th example instead
+    (parameter-server workers, each reading its own share). accumulate: the batches of an update
+    (trainer.accumulate_steps), cut from its examples, so that an epoch is whole updates as it is whole
+    batches of one batch that many times larger. The arrays live in memory as tensors, which is the
+    cache: nothing is decoded twice.
     """
     n = n or len(labels)  # n: when images and labels are tensors of a size known only when they run
     images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)  # (int32 class labels: data.py)
@@ -386,15 +407,16 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
         ds = ds.shard(*shard)
     if shuffle_buffer:
         ds = ds.shuffle(min(shuffle_buffer, n), seed=seed, reshuffle_each_iteration=True)
+    if accumulate > 1:  # an update's batches, cut from its examples: an epoch is whole updates, as one batch's
+        ds = ds.batch(batch_size * accumulate, drop_remainder=True).unbatch()
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     if repeat:  # after batching: every epoch is a fresh shuffle cut into whole batches
         ds = ds.repeat()
     if skip:  # a resumed run: the batches already trained, passed over as indices (cheap)
         ds = ds.skip(skip)
     if part is not None:
-        parts, i = part  # (n, i), as shard and tf.data's shard(num_shards, index)
-        size = batch_size // parts
-        ds = ds.map(unconverted(lambda idx: idx[i * size:(i + 1) * size]))
+        first, size = part  # (first, size): this pipeline's examples of each global batch
+        ds = ds.map(unconverted(lambda idx: idx[first:first + size]))
     pixels = images.dtype == tf.uint8  # scaled to [0, 1]; float images are taken as they are
 
     @unconverted

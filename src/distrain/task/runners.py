@@ -22,16 +22,18 @@ KEPT = []
 
 
 def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tally, timed: bool = True,
-                     accumulate: int = 1):
+                     accumulate: int = 1, batch: int | None = None):
     """A tf.function that runs `steps` training steps on this worker's replicas and returns this
     worker's sums (metrics.Tally: the losses, each metric's state, the examples). loss_fn(labels,
     outputs): the loss of each example (reduction "none"). The sums stay local: Keras metrics would be
     synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks.
     timed: stamp the steps for the time split (timesplit.py); else their clocks are zeros.
     accumulate (trainer.accumulate_steps): a step is one update from this many batches, each replica
-    summing its gradients of each (their loss divided by `accumulate`) before the one all-reduce."""
+    summing its gradients of each (their loss divided by `accumulate`) before the one all-reduce.
+    batch: the global batch (trainer.batch_size), over which each replica's loss is averaged, whatever
+    its share of it (replicas of a run resumed at another size may take shares one example apart)."""
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
-    gradients = make_gradients(model, optimizer, loss_fn, jit_compile, scaled, 1.0 / accumulate)
+    gradients = make_gradients(model, optimizer, loss_fn, jit_compile, scaled, 1.0 / accumulate, batch)
 
     remote = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)  # variables on ps tasks
     aggregator = optimizer.inner_optimizer if scaled else optimizer  # (as the loss-scaling one aggregates)
@@ -97,7 +99,8 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
     return train_steps
 
 
-def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool, share: float = 1.0):
+def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool, share: float = 1.0,
+                   batch: int | None = None):
     """A tf.function of a replica's forward and backward pass: (gradients, each example's loss, float32
     outputs); XLA compiles this part only, never the cross-worker all-reduce. share: the batch's part of
     an update (1 / trainer.accumulate_steps), by which its loss is multiplied."""
@@ -111,7 +114,8 @@ def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool, s
     def gradients(images, labels):
         with tf.GradientTape() as tape:
             logits, losses = forward(model, loss_fn, images, labels)
-            loss = tf.nn.compute_average_loss(losses)  # over the global batch: replica gradients sum to the mean
+            # over the global batch: replica gradients sum to the mean
+            loss = tf.nn.compute_average_loss(losses, global_batch_size=batch)
             if model.losses:  # the layers' penalties (kernel_regularizer, add_loss), as fit adds them
                 penalty = tf.add_n([tf.cast(x, tf.float32) for x in model.losses])
                 loss += tf.nn.scale_regularization_loss(penalty)

@@ -22,6 +22,7 @@ from distrain.report.timesplit import PARTS, probe_seconds, read_alone
 from distrain.task.checkpoints import Checkpoints, Progress, joined, resume, segments
 from distrain.task.context import RunContext
 from distrain.task.input_data import TrainingData, load_data
+from distrain.task.input_pipeline import replica_shares
 from distrain.task.metrics import (
     Tally,
     check_loss,
@@ -113,8 +114,11 @@ def resized_line(before: dict, progress: Progress, batch: int, data: TrainingDat
     def size(m: dict) -> str:
         return f"{m['workers']} worker{'s' * (m['workers'] > 1)}, {m['replicas']} replica{'s' * (m['replicas'] > 1)}"
     line = f"resumed at step {now['from_step']} on {size(now)}; its checkpoint was made on {size(before)}: "
+    shares = replica_shares(batch, now["replicas"])
     line += f"each step a batch of {batch} on one worker, as before" if asynchronous else \
-        f"the global batch {batch} kept ({batch // now['replicas']} per replica)"
+        f"the global batch {batch} kept ({shares[0]} per replica)" if len(set(shares)) == 1 else \
+        (f"the global batch {batch} kept, split unevenly over the {now['replicas']} replicas ({shares[0]} or "
+         f"{shares[-1]} each: the one-example-larger replicas' steps set the pace)")
     if data.streamed and not asynchronous:
         line += "; the training files' shares change with the workers, so they are read afresh" + (
             f": the rest of epoch {progress.epoch + 1} may read some of its records twice and others not"
@@ -196,7 +200,7 @@ def make_runner(strategy, context: RunContext, cfg, data: TrainingData, model, o
     check_metrics_read_the_outputs(cfg.get("metrics"), probabilities)
     tally = Tally(make_metrics(cfg.get("metrics")), data.sample_labels, outputs)  # (local variables: results)
     train_steps = make_train_steps(strategy, model, optimizer, t.jit_compile, loss, tally, t.time_split,
-                                   t.accumulate_steps)
+                                   t.accumulate_steps, t.batch_size)
     topology = context.topology
     if topology.parameter_servers:
         runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
