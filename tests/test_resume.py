@@ -354,6 +354,35 @@ def test_a_worker_lost_for_good_leaves_the_others_to_go_on_from_the_checkpoint(t
     assert_nothing_left(tmp_path)
 
 
+def test_three_workers_losing_one_for_good_end_as_one_device(tmp_path):
+    """3 workers, global batch 96, cluster.min_workers=1 cluster.max_restarts=0, worker-2 SIGKILLed mid-epoch:
+    the cluster goes on with 2 (48 each) and ends with the weights of one device trained on batch 96
+    (synchronous training equals one device: 1e-5)."""
+    args = [*ELASTIC, "trainer.batch_size=96", "trainer.epochs=2"]  # 21 steps an epoch
+    run_dir = tmp_path / "run"
+    code, out = while_running(run_dir, *args, "cluster.workers=3", "cluster.min_workers=1", "cluster.max_restarts=0",
+                              chaos=_kill_after_a_mid_epoch_checkpoint(run_dir, 21, "worker-2"))
+    assert code == 0, out[-3000:]
+    assert "going on with 2 of 3 workers from step" in out and "global batch 96 kept (48 per worker)" in out
+    sizes = json.loads((run_dir / "results.json").read_text())["membership"]
+    assert [(m["workers"], m["replicas"]) for m in sizes] == [(3, 3), (2, 2)] and 0 < sizes[1]["from_step"] < 42
+    _, single = train(small(*[a for a in args if not a.startswith(("strategy=", "trainer.verbose"))],
+                            "data.train_examples=2048"), tmp_path / "single")
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints" / "ckpt-42"))
+    names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
+    trained = {tuple(reader.get_tensor(n).shape): reader.get_tensor(n) for n in names}
+    for w in single.get_weights():
+        np.testing.assert_allclose(trained[w.shape], w, atol=1e-5, rtol=0)
+    assert max(np.abs(trained[w.shape] - w).max() for w in keras_initial(single)) > 1e-3  # (control: training moved)
+    assert_nothing_left(tmp_path)
+
+
+def keras_initial(model) -> list:
+    import tf_keras as keras
+
+    return keras.models.clone_model(model).get_weights()
+
+
 def test_a_cluster_that_shrank_grows_back_once_its_restart_budget_renews(tmp_path):
     """cluster.max_restarts=1 within cluster.restart_window=3: worker-1 SIGKILLed restarts the cluster;
     SIGKILLed again at once, it is lost for good (the cluster goes on with worker-0); once the first restart
