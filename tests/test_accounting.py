@@ -99,9 +99,9 @@ def test_the_in_memory_default_is_compute_bound_at_one_epoch_too(tmp_path, capsy
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path, monkeypatch, capsys, epochs):
     """Each batch costs the pipeline about 2e9 multiply-adds of CPU (many times the mlp's step on any machine;
-    no wait): the run says input, at one epoch as at several, with what each part delivers and the factor; what
-    the pipeline alone delivers is about what the run trained at. (Control: the tests above, the same data
-    without the cost, say compute.)"""
+    no wait): the run says input, at one epoch as at several, with what each part delivers and the factor.
+    (How close the pipeline alone comes to the run's rate depends on what else shares the cores: not
+    asserted. Control: the tests above, the same data without the cost, say compute.)"""
     train_split = pipeline.ArraySource.train
     heavy = tf.random.stateless_normal([1024, 1024], seed=[1, 2])
 
@@ -113,8 +113,6 @@ def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path
                                 "trainer.verbose=0"), tmp_path)
     assert results["bound"] == "input", results["time_split"]
     assert results["input_examples_per_sec"] < results["steps_examples_per_sec"]
-    if epochs > 1:  # (the first epoch's rate holds its tracing)
-        assert results["input_examples_per_sec"] == pytest.approx(results["examples_per_sec"], rel=0.5)
     said = timesplit.verdict(results, make_cfg(*BUNDLED).data)
     alone, steps = results["input_examples_per_sec"], results["steps_examples_per_sec"]
     assert said == (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
