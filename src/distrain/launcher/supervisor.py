@@ -392,9 +392,11 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
 
 
 def _grown(tasks: list, restarts: Restarts | None) -> Outcome | None:
-    """A cluster that shrank, every task up and training, whose restart budget has renewed: it restarts
-    with more workers (stopped as a preemption stops it, each task saving the step they agree on)."""
-    if restarts and restarts.may_grow() and all(t.ready and t.proc.poll() is None for t in tasks if t.main):
+    """A cluster that shrank, every task training (a step taken: its preemption handler is in place),
+    whose restart budget has renewed: it restarts with more workers (stopped as a preemption stops it,
+    each task saving the step they agree on)."""
+    if restarts and restarts.may_grow() and all(t.proc.poll() is None and stacks.step_of(t.position_path) is not None
+                                                for t in tasks if t.main):
         return Outcome(0, "restarting", restarts.grow(), restart=True)
     return None
 
