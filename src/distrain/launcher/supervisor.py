@@ -23,7 +23,7 @@ from distrain.launcher import memory
 from distrain.launcher.forkserver import ForkServer
 from distrain.launcher.memory import Watch
 from distrain.launcher.restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, SHRINK, Restarts, decide, signalled
-from distrain.launcher.task_log import ERR, OUT, TaskLog, is_noise, last_state, route
+from distrain.launcher.task_log import ERR, OUT, FirstError, TaskLog, is_noise, last_state, route
 from distrain.report import results as report
 
 log = logging.getLogger("distrain")
@@ -52,19 +52,6 @@ class Outcome:
     log_tail: list = field(default_factory=list)
     restart: bool = False
     peak_rss_mib: dict = field(default_factory=dict)  # each task's peak resident memory, by its name
-
-
-class FirstError:
-    """The first task of a run to say an error speaks for it: what the others say after it (a peer
-    lost because of it) goes to their logs only."""
-
-    def __init__(self):
-        self.task, self._lock = None, threading.Lock()
-
-    def may_say(self, task: str) -> bool:
-        with self._lock:
-            self.task = self.task or task
-            return self.task == task
 
 
 @dataclass
@@ -392,9 +379,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
 
 
 def _grown(tasks: list, restarts: Restarts | None) -> Outcome | None:
-    """A cluster that shrank, every task training (a step taken: its preemption handler is in place),
-    whose restart budget has renewed: it restarts with more workers (stopped as a preemption stops it,
-    each task saving the step they agree on)."""
+    """A cluster that shrank, whose restart budget has renewed, every task training (a step taken: its
+    preemption handler in place): it restarts larger, stopped as a preemption stops it (a step saved)."""
     if restarts and restarts.may_grow() and all(t.proc.poll() is None and stacks.step_of(t.position_path) is not None
                                                 for t in tasks if t.main):
         return Outcome(0, "restarting", restarts.grow(), restart=True)

@@ -1,6 +1,7 @@
 """A task's output, line by line: what its log keeps, and what reaches the terminal (pure functions of
 the lines, with which the supervisor copies the output), and the log file it goes to (TaskLog)."""
 import logging
+import threading
 from pathlib import Path
 
 from distrain.common.messages import is_error
@@ -46,6 +47,19 @@ def last_state(line: bytes) -> bytes:
 
 
 ERR, OUT = "stderr", "stdout"
+
+
+class FirstError:
+    """The first task of a run to say an error speaks for it: what the others say after it (a peer
+    lost because of it) goes to their logs only."""
+
+    def __init__(self):
+        self.task, self._lock = None, threading.Lock()
+
+    def may_say(self, task: str) -> bool:
+        with self._lock:
+            self.task = self.task or task
+            return self.task == task
 
 
 def route(line: bytes, prefixed: bool, quiet: bool = False, on_screen: bool = False) -> str | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from distrain.common.errors import ConfigError, first_line
+from distrain.task.input_pipeline import replica_shares
 
 
 @dataclass
@@ -39,6 +40,25 @@ def joined(progress: Progress, workers: int, replicas: int, step: int) -> dict |
         return None
     progress.membership.append({"from_step": step, "workers": workers, "replicas": replicas})
     return before
+
+
+def resized_line(before: dict, progress: Progress, batch: int, streamed: bool, asynchronous: bool) -> str:
+    """What a resume at another size keeps and changes, in one line (streamed: the data is in files)."""
+    now = progress.membership[-1]
+
+    def size(m: dict) -> str:
+        return f"{m['workers']} worker{'s' * (m['workers'] > 1)}, {m['replicas']} replica{'s' * (m['replicas'] > 1)}"
+    line = f"resumed at step {now['from_step']} on {size(now)}; its checkpoint was made on {size(before)}: "
+    shares = replica_shares(batch, now["replicas"])
+    line += f"each step a batch of {batch} on one worker, as before" if asynchronous else \
+        f"the global batch {batch} kept ({shares[0]} per replica)" if len(set(shares)) == 1 else \
+        (f"the global batch {batch} kept, split unevenly over the {now['replicas']} replicas ({shares[0]} or "
+         f"{shares[-1]} each: the one-example-larger replicas' steps set the pace)")
+    if streamed and not asynchronous:
+        line += "; the training files' shares change with the workers, so they are read afresh" + (
+            f": the rest of epoch {progress.epoch + 1} may read some of its records twice and others not"
+            if progress.step else f" from epoch {progress.epoch + 1} on")
+    return line
 
 
 class Checkpoints:

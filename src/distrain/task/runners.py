@@ -27,17 +27,13 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
     worker's sums (metrics.Tally: the losses, each metric's state, the examples). loss_fn(labels,
     outputs): the loss of each example (reduction "none"). The sums stay local: Keras metrics would be
     synchronised across the workers at every step (multi-worker mirrored) or live on the ps tasks.
-    timed: stamp the steps for the time split (timesplit.py); else their clocks are zeros.
-    accumulate (trainer.accumulate_steps): a step is one update from this many batches, each replica
-    summing its gradients of each (their loss divided by `accumulate`) before the one all-reduce.
-    batch: the global batch (trainer.batch_size), over which each replica's loss is averaged, whatever
-    its share of it (replicas of a run resumed at another size may take shares one example apart)."""
+    timed: stamp the steps for the time split (timesplit.py); else their clocks are zeros. accumulate:
+    a step is one update from this many batches, summed on each replica, then one all-reduce (accumulating).
+    batch: the global batch, over which each replica's loss is averaged whatever its share (make_gradients)."""
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
     gradients = make_gradients(model, optimizer, loss_fn, jit_compile, scaled, 1.0 / accumulate, batch)
-
     remote = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)  # variables on ps tasks
     aggregator = optimizer.inner_optimizer if scaled else optimizer  # (as the loss-scaling one aggregates)
-    connected = []  # the variables that have gradients (found as the first batch's function is traced)
 
     def update(grads, variables):
         """A replica's update: its clock [seconds in the all-reduce, when its update was done]."""
@@ -51,19 +47,7 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
         grads, losses, outputs = gradients(images, labels)
         return tally.add(labels, outputs, losses), update(grads, model.trainable_variables)
 
-    def first(images, labels):
-        """A replica's first batch of an update: its gradients (of the variables they reach), its sums."""
-        grads, losses, outputs = gradients(images, labels)
-        connected[:] = [i for i, g in enumerate(grads) if g is not None]
-        return [tf.convert_to_tensor(grads[i]) for i in connected], tally.add(labels, outputs, losses)
-
-    def more(images, labels, held):
-        """A replica's next batch: the gradients summed on this replica, no all-reduce."""
-        grads, losses, outputs = gradients(images, labels)
-        return [h + tf.convert_to_tensor(grads[i]) for h, i in zip(held, connected)], tally.add(labels, outputs, losses)
-
-    def apply(held):
-        return update(held, [model.trainable_variables[i] for i in connected])
+    first, more, apply = accumulating(gradients, tally, update, model.trainable_variables)
 
     @tf.function(autograph=False)
     def train_steps(iterator, steps):
@@ -99,11 +83,33 @@ def make_train_steps(strategy, model, optimizer, jit_compile: bool, loss_fn, tal
     return train_steps
 
 
+def accumulating(gradients, tally, update, variables: list) -> tuple:
+    """A replica's functions of an accumulated update (make_train_steps): first(images, labels) gives its
+    gradients of a batch (of the variables they reach) and its sums; more(images, labels, held) adds a
+    batch's to those held, on this replica alone (no all-reduce); apply(held) is the update."""
+    connected = []  # the variables that have gradients (found as the first batch's function is traced)
+
+    def first(images, labels):
+        grads, losses, outputs = gradients(images, labels)
+        connected[:] = [i for i, g in enumerate(grads) if g is not None]
+        return [tf.convert_to_tensor(grads[i]) for i in connected], tally.add(labels, outputs, losses)
+
+    def more(images, labels, held):
+        grads, losses, outputs = gradients(images, labels)
+        return [h + tf.convert_to_tensor(grads[i]) for h, i in zip(held, connected)], tally.add(labels, outputs, losses)
+
+    def apply(held):
+        return update(held, [variables[i] for i in connected])
+    return first, more, apply
+
+
 def make_gradients(model, optimizer, loss_fn, jit_compile: bool, scaled: bool, share: float = 1.0,
                    batch: int | None = None):
     """A tf.function of a replica's forward and backward pass: (gradients, each example's loss, float32
     outputs); XLA compiles this part only, never the cross-worker all-reduce. share: the batch's part of
-    an update (1 / trainer.accumulate_steps), by which its loss is multiplied."""
+    an update (1 / trainer.accumulate_steps), by which its loss is multiplied. batch: the global batch
+    (trainer.batch_size), over which each replica's loss is averaged, whatever its share of it (replicas
+    of a run resumed at another size may take shares one example apart)."""
     # Autograph converts what the user brings, as Keras's fit does: the model's and the loss's calls here
     # (tf_keras converts a subclassed layer's or loss's own code within), the metrics' in the tally. The
     # steps and their helpers here are TensorFlow's ops, branching on Python values only: converting them

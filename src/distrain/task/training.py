@@ -19,10 +19,9 @@ from distrain.config.validate import instantiate_as
 from distrain.data import arrays as data_lib
 from distrain.report import results as report
 from distrain.report.timesplit import PARTS, probe_seconds, read_alone
-from distrain.task.checkpoints import Checkpoints, Progress, joined, resume, segments
+from distrain.task.checkpoints import Checkpoints, Progress, joined, resized_line, resume, segments
 from distrain.task.context import RunContext
 from distrain.task.input_data import TrainingData, load_data
-from distrain.task.input_pipeline import replica_shares
 from distrain.task.metrics import (
     Tally,
     check_loss,
@@ -83,8 +82,8 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
         if t.resume else Progress()  # every task reads the chief's checkpoints
     before = joined(progress, context.topology.workers, context.replicas, progress.resumed_from_step or 0)
     if before and chief:
-        print(resized_line(before, progress, schema.update_batch(t), data, context.topology.parameter_servers),
-              flush=True)
+        print(resized_line(before, progress, schema.update_batch(t), data.streamed,
+                           context.topology.parameter_servers), flush=True)
     # Resumed, the data goes on from the batch after the last one trained: the batches an uninterrupted
     # run would have seen. Files, at another size: their shares change, so they are read afresh.
     skip = 0 if before and data.streamed else (progress.epoch * data.steps + progress.step) * t.accumulate_steps
@@ -105,25 +104,6 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
     return report.results(cfg, data, progress, test, facts | about(model, probabilities, policy)), model
-
-
-def resized_line(before: dict, progress: Progress, batch: int, data: TrainingData, asynchronous: bool) -> str:
-    """What a resume at another size keeps and changes, in one line."""
-    now = progress.membership[-1]
-
-    def size(m: dict) -> str:
-        return f"{m['workers']} worker{'s' * (m['workers'] > 1)}, {m['replicas']} replica{'s' * (m['replicas'] > 1)}"
-    line = f"resumed at step {now['from_step']} on {size(now)}; its checkpoint was made on {size(before)}: "
-    shares = replica_shares(batch, now["replicas"])
-    line += f"each step a batch of {batch} on one worker, as before" if asynchronous else \
-        f"the global batch {batch} kept ({shares[0]} per replica)" if len(set(shares)) == 1 else \
-        (f"the global batch {batch} kept, split unevenly over the {now['replicas']} replicas ({shares[0]} or "
-         f"{shares[-1]} each: the one-example-larger replicas' steps set the pace)")
-    if data.streamed and not asynchronous:
-        line += "; the training files' shares change with the workers, so they are read afresh" + (
-            f": the rest of epoch {progress.epoch + 1} may read some of its records twice and others not"
-            if progress.step else f" from epoch {progress.epoch + 1} on")
-    return line
 
 
 def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities: bool, compiled: bool,
