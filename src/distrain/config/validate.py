@@ -376,9 +376,6 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
     return merged
 
 
-RESIZES = RESUME_MAY_CHANGE[4:]  # the keys of a run's size
-
-
 def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrides: list) -> None:
     """A ConfigError if one of this command's overrides contradicts the run whose config, `saved`, is at
     saved_path (but for the keys a resume may change)."""

@@ -146,7 +146,7 @@ def run_local_cluster(cfg, run: RunDir, argv: list, job: Job | None = None) -> O
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
     synchronous = Topology.of(cfg).synchronous
     restarts = Restarts(c.max_restarts, c.restart_window, workers=c.workers if synchronous else 0,
-                        min_workers=c.get("min_workers"), batch=cfg.trainer.batch_size)
+                        min_workers=c.get("min_workers"), batch=schema.update_batch(cfg.trainer))
     peaks = {}
     net = cluster_lib.PrivateNetwork.shared(enabled=c.isolate is not False)  # (kept for this process's next run)
     with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:

@@ -90,9 +90,8 @@ class Restarts:
 
     def may_grow(self) -> bool:
         """Whether a cluster that shrank may take a worker back: its restart budget renewed (the restarts
-        that spent it are older than cluster.restart_window), a larger size the batch divides over."""
-        return bool(self.workers) and self.workers < self.configured and self.may_restart_cluster() and \
-            larger(self.workers, self.configured) is not None
+        that spent it are older than cluster.restart_window), below cluster.workers."""
+        return bool(self.workers) and larger(self.workers, self.configured) is not None and self.may_restart_cluster()
 
     def grow(self) -> str:
         """The cluster grows back (from a checkpoint of the step it is at: the supervisor stops its tasks
