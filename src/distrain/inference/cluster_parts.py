@@ -212,23 +212,21 @@ class Cluster:
         c, topology = cfg.cluster, Topology.of(cfg)
         # (elsewhere, a task is not restarted: the same command again goes on with the parts not written)
         restarts = Restarts(c.get("max_restarts", 0), c.get("restart_window", 0))
+        if self.task is not None and self.task.type == "evaluator":
+            return Outcome(0, "ok")  # (an evaluator has nothing to compute)
         while True:
             spec = self.spec or cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
+            mine = [self.task] if self.task else [cluster_lib.Task(kind, i, address) for kind, addresses in spec.items()
+                                                  for i, address in enumerate(addresses)]
             tasks = []
-            for task_type, addresses in spec.items():
-                for index, address in enumerate(addresses):
-                    task = cluster_lib.Task(task_type, index, address)
-                    if self.task is not None and (task != self.task or task.type == "evaluator"):
-                        continue  # (elsewhere: this machine's task alone; an evaluator has nothing to compute)
-                    env = {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task_type, c.workers)} \
-                        if self.task is None else cluster_lib.task_env(spec, task)
-                    serves = topology.parameter_servers and task_type != "chief"
-                    tasks.append(TaskProcess(task.name, self.net.wrap(argv) if self.net else argv, env,
-                                             main=not serves or self.task is not None, alone=task_type == "worker",
-                                             quiet=task.name not in ("chief-0", "worker-0"), task=task,
-                                             restarts=restarts.per_task[task.name], forks=self.forks))
-            if not tasks:
-                return Outcome(0, "ok")
+            for task in mine:
+                env = cluster_lib.task_env(spec, task) if self.task else \
+                    {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task.type, c.workers)}
+                serves = topology.parameter_servers and task.type != "chief"
+                tasks.append(TaskProcess(task.name, self.net.wrap(argv) if self.net else argv, env,
+                                         main=not serves or self.task is not None, alone=task.type == "worker",
+                                         quiet=task.name not in ("chief-0", "worker-0"), task=task,
+                                         restarts=restarts.per_task[task.name], forks=self.forks))
             outcome = run_tasks(tasks, where, startup_timeout=c.startup_timeout, restarts=restarts,
                                 on_change=lambda status, spec=spec, tasks=tasks: where.write_cluster(
                                     {"strategy": cfg.strategy.name, "status": status, "cluster": spec,

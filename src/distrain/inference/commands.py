@@ -345,11 +345,12 @@ def evaluate_run(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=
 def _computed(cluster, data) -> dict:
     """What this machine's task did, where another machine's command merges the parts (the chief's)."""
     from distrain.common.cluster import chief_of
+    from distrain.common.topology import Topology
 
     chief = chief_of(cluster.spec)
     if cluster.task.type == "evaluator":
         said = "nothing to compute here"
-    elif cluster.cfg.strategy.name == "parameter_server":
+    elif Topology.of(cluster.cfg).parameter_servers:
         said = f"served {chief}, whose command wrote the outputs of the {data.test_examples:,} examples"
     else:
         said = f"its parts of the {data.test_examples:,} examples are written; the command of {chief} merges them"

@@ -91,7 +91,7 @@ class Restarts:
     def may_grow(self) -> bool:
         """Whether a cluster that shrank may take a worker back: its restart budget renewed (the restarts
         that spent it are older than cluster.restart_window), below cluster.workers."""
-        return bool(self.workers) and larger(self.workers, self.configured) is not None and self.may_restart_cluster()
+        return larger(self.workers, self.configured) is not None and self.may_restart_cluster()
 
     def grow(self) -> str:
         """The cluster grows back (from a checkpoint of the step it is at: the supervisor stops its tasks

@@ -37,11 +37,6 @@ def replica_shares(batch: int, replicas: int) -> list[int]:
     return [batch // replicas + (i < batch % replicas) for i in range(replicas)]
 
 
-def pipeline_shares(batch: int, replicas: int, pipelines: int) -> list[int]:
-    """Each input pipeline's examples of a global batch: its replicas' shares."""
-    shares, each = replica_shares(batch, replicas), replicas // pipelines
-    return [sum(shares[i * each:(i + 1) * each]) for i in range(pipelines)]
-
 
 class InputReader:
     """The dataset of one input pipeline, for strategy.distribute_datasets_from_function (training) or
@@ -73,11 +68,10 @@ class InputReader:
                         context.get_per_replica_batch_size(t.batch_size), own=True)
         else:
             pipelines, index = (context.num_input_pipelines, context.input_pipeline_id) if context else (1, 0)
-            replicas = context.num_replicas_in_sync if context else 1
-            here = replica_shares(t.batch_size, replicas)[index * (replicas // pipelines):
-                                                          (index + 1) * (replicas // pipelines)]
-            part = Part(pipelines, index, sum(here), own=False, first=sum(pipeline_shares(t.batch_size, replicas,
-                                                                                          pipelines)[:index]))
+            shares = replica_shares(t.batch_size, context.num_replicas_in_sync if context else 1)
+            each = len(shares) // pipelines  # (the replicas this pipeline feeds, in order)
+            here = shares[index * each:(index + 1) * each]
+            part = Part(pipelines, index, sum(here), own=False, first=sum(shares[:index * each]))
         ds = self.source.train(part, self.cfg, self.skip)
         if not part.own and len(here) > 1:
             ds = ds.rebatch(here if len(set(here)) > 1 else here[0])
