@@ -106,9 +106,19 @@ CASES = [
     ("devices-string", ["strategy=mirrored", "strategy.devices=/cpu:0"],
      "strategy.devices=/cpu:0 must be a list such as [a,b] or null: set e.g. strategy.devices=[/cpu:0]"),
     ("override-syntax", ["trainer.epochs=[1,"], "cannot read the override 'trainer.epochs=[1,'"),
+    # ---- loggers ----
+    ("logger-typo", ["logger=mlflw"], "logger=mlflw is not an option of logger (csv, many, mlflow, tensorboard): "
+     "set e.g. logger=mlflow"),
+    ("logger-key-typo", ["logger=mlflow", "logger.mlflow.experimnt=x"],
+     "logger.mlflow.experimnt is not a key of logger.mlflow: set e.g. logger.mlflow.experiment=digits"),
+    ("logger-key-type", ["logger=mlflow", "logger.mlflow.log_model=maybe"],
+     "logger.mlflow.log_model=maybe must be true or false"),
+    ("mlflow-unreachable", ["logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9"],
+     "logger.mlflow.tracking_uri=http://127.0.0.1:9 cannot be reached (Connection refused): start the server, or "
+     "drop the key for a store beside the runs that needs none"),
     ("bare-word", ["trainer"], "cannot read the override 'trainer'"),  # (not a command's name: Hydra's line)
-    ("command-typo", ["evalute"], "evalute is neither a command of distrain (evaluate, predict, stacks, summarize, "
-                                  "write-tfrecords) nor an override (key=value): write distrain evaluate ..."),
+    ("command-typo", ["evalute"], "evalute is neither a command of distrain (evaluate, log, predict, stacks, "
+                                  "summarize, write-tfrecords) nor an override (key=value): write distrain evaluate ..."),
     ("command-not-first", ["evaluate"], "evaluate is a command of distrain, not an override: give it first, e.g. "
                                         "distrain evaluate ..."),
     ("override-no-value", ["trainer.epochs"], "trainer.epochs"),
@@ -458,10 +468,12 @@ def test_the_catalogue_is_large_and_its_checks_can_fail(tmp_path):
      "out=p.txt is of no format predict writes: name a file ending in .npz or .csv or .tfrecord"),
     (["predict", "{dir}", "out={dir}/kept.csv"], "out={dir}/kept.csv exists: name another file, or set overwrite=true"),
     (["stacks", "{dir}"], "{dir} holds no distrain run (no config.yaml)"),
+    (["log", "{dir}/nowhere"], "{dir}/nowhere holds no run or sweep (no config.yaml): give a run's directory"),
+    (["log", "{dir}", "logger.mlflow.experimnt=x"], "logger.mlflow.experimnt=x is not a key of logger.mlflow"),
 ])
 def test_using_a_run_that_is_not_there_is_one_line(tmp_path, monkeypatch, capfd, args, expected):
-    """The commands that use a trained run (`distrain evaluate`, `predict`, `stacks`): bad input they can
-    tell before TensorFlow (test_inference: what needs the run's model)."""
+    """The commands that use a trained run (`distrain evaluate`, `predict`, `stacks`, `log`): bad input they
+    can tell before TensorFlow (test_inference: what needs the run's model)."""
     import sys
 
     from distrain import cli
@@ -478,3 +490,19 @@ def test_using_a_run_that_is_not_there_is_one_line(tmp_path, monkeypatch, capfd,
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.csv"]  # nothing written, the user's file kept
     assert (tmp_path / "kept.csv").read_text() == "a user's file\n"
+
+
+def test_logger_mlflow_without_mlflow_installed_is_one_line(tmp_path, monkeypatch):
+    """MLflow is an extra: where it is not installed, logger=mlflow names the install. (Here it is
+    installed, and hidden from the check; control: not hidden, the same command gets past the check.)"""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    for hidden in (True, False):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, hide=hidden: None if hide and name == "mlflow" else found(name, *a))
+        code, _, stderr = in_process(tmp_path, [f"hydra.run.dir={tmp_path / str(hidden)}", *QUICK, "logger=mlflow",
+                                                "logger.mlflow.tracking_uri=http://127.0.0.1:9"])
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1, stderr
+        assert ('logger=mlflow needs MLflow, which is not installed: pip install -e ".[mlflow]"' in errors[0]) == hidden

@@ -106,6 +106,7 @@ def _help(root: DictConfig) -> str:
   distrain -m key=a,b ...                         a sweep: one run per value, then a summary
   distrain summarize SWEEP_DIR                    (re)build a sweep's summary
   distrain stacks RUN_DIR                         each task's Python stacks and step, in a running run
+  distrain log RUN_OR_SWEEP_DIR...                finished runs and sweeps into MLflow (logger.mlflow.KEY=...)
   distrain evaluate RUN_DIR [overrides]           a run's model on its test data, or on the data named
   distrain predict RUN_DIR [overrides] out=F.npz  its outputs for every example, in order (.csv, .tfrecord)
                                                   (both: several RUN_DIRs or -m key=a,b, then a table;
@@ -246,7 +247,7 @@ def _tool(command: str, run_dirs: list, flags: list, overrides: list) -> int:
 
 
 TOOLS = ["evaluate", "predict", "write-tfrecords"]  # (the commands that take a run's config: _tool)
-COMMANDS = sorted([*TOOLS, "stacks", "summarize"])
+COMMANDS = sorted([*TOOLS, "log", "stacks", "summarize"])
 
 
 def _not_an_override(overrides: list) -> str:
@@ -294,6 +295,10 @@ def main() -> None:
         from distrain.report import sweep
 
         sys.exit(sweep.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["log"]:
+        from distrain.report import tracking
+
+        sys.exit(tracking.main(sys.argv[2:]))
     if sys.argv[1:2] == ["stacks"]:
         from distrain.common import stacks
 

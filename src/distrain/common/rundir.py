@@ -5,6 +5,8 @@
     results.json    what the run measured                       (the chief; the launcher adds its restarts)
     cluster.json    a local cluster's tasks                     (the launcher)
     evaluation.json the evaluator task's evaluations            (the evaluator)
+    metrics.csv     a row per epoch (logger=csv, mlflow)        (the chief)
+    mlflow.json     its MLflow run, and the epochs logged there (the tracker: the launcher of the chief)
     data.json       data in files: the files, their examples and classes (the launcher)
     logs/           a log per task
     checkpoints/    or trainer.checkpoint_dir                   (the chief)
@@ -12,6 +14,8 @@
 
 No TensorFlow here: the launcher, the sweep's summary and the tasks all use it.
 """
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from distrain.report import results as report
 
 CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION, DATA = "config.yaml", "status.json", "results.json", "cluster.json", \
     "evaluation.json", "data.json"
+METRICS, TRACKED = "metrics.csv", "mlflow.json"
 
 
 def write_json(path: Path, content: dict) -> Path:
@@ -57,6 +62,8 @@ class RunDir:
     results = property(lambda self: self.path / RESULTS)
     cluster = property(lambda self: self.path / CLUSTER)
     evaluation = property(lambda self: self.path / EVALUATION)
+    metrics = property(lambda self: self.path / METRICS)
+    tracked = property(lambda self: self.path / TRACKED)
     data = property(lambda self: self.path / DATA)  # data in files: what the launcher found (files.FileData)
     logs = property(lambda self: self.path / "logs")  # a log per task, and the fork server's
     saved_model = property(lambda self: self.path / "saved_model")
@@ -139,6 +146,30 @@ class RunDir:
         results = self.read_results()
         if results is not None:
             storage.record(write_json, self.results, {**results, **facts})
+
+    def write_metrics(self, rows: list) -> Path:
+        """metrics.csv, whole (a row per epoch: results.epoch_rows), so a reader never sees half a row."""
+        columns = list(dict.fromkeys(name for row in rows for name in row))
+        out = io.StringIO()
+        writer = csv.DictWriter(out, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+        return storage.write_atomic(self.metrics, out.getvalue())
+
+    def read_metrics(self) -> list | None:
+        """metrics.csv's rows as numbers (a cell left empty: no value that epoch), or None where there is none."""
+        try:
+            with open(self.metrics, newline="") as f:
+                return [{k: float(v) if k != "epoch" else int(v) for k, v in row.items() if v not in ("", None)}
+                        for row in csv.DictReader(f)]
+        except (OSError, ValueError, csv.Error):
+            return None
+
+    def write_tracked(self, content: dict) -> None:
+        storage.record(write_json, self.tracked, content)
+
+    def read_tracked(self) -> dict:
+        return read_json(self.tracked) or {}
 
     def write_cluster(self, state: dict) -> None:
         storage.record(write_json, self.cluster, state)

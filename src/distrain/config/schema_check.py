@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from distrain.common.errors import ConfigError
-from distrain.config.schema import OWN, SCHEMAS, TARGET, Root
+from distrain.config.schema import LOGGERS, OWN, SCHEMAS, TARGET, Root
 
 
 def _kind(schema, name: str) -> str:
@@ -187,7 +187,26 @@ def check(cfg: DictConfig) -> DictConfig:
         checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
     for group, (example, _) in ENTRIES.items():
         checked[group] = check_entries(group, plain.get(group), example)
+    checked["logger"] = check_loggers(plain.get("logger"))
     return OmegaConf.create(checked)
+
+
+def check_loggers(node) -> dict:
+    """The logger group: each entry one of LOGGERS by name, with its keys."""
+    node = OmegaConf.create({}) if node is None else node
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"logger={node} names no loggers: choose them, e.g. logger=[tensorboard,mlflow]")
+    checked = {}
+    for name, keys in node.items():
+        if name not in LOGGERS:
+            close = difflib.get_close_matches(str(name), LOGGERS, n=1)
+            raise ConfigError(f"logger.{name} is no logger: choose of {', '.join(LOGGERS)}" +
+                              (f", e.g. logger={close[0]}" if close else ""))
+        try:
+            checked[name] = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(LOGGERS[name]), keys or {}))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(explain(exc, f"logger.{name}")) from None
+    return checked
 
 
 # The groups of named entries, each a _target_ and its arguments: an example of one, and the default option.
@@ -228,6 +247,10 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"{group}:")
         lines += [line(schema, f.name, keys.get(f.name), "  ") for f in dataclasses.fields(schema)]
         lines += [f"  {k}: {shown(v)}  argument of {node.get('_target_')}" for k, v in arguments.items()]
+    for name, keys in (cfg.get("logger") or {}).items():
+        if name in LOGGERS:
+            lines.append(f"logger.{name}:  ({LOGGERS[name].__doc__ or 'its keys'})".replace("(None)", ""))
+            lines += [line(LOGGERS[name], f.name, keys.get(f.name), "  ") for f in dataclasses.fields(LOGGERS[name])]
     for group in ENTRIES:
         lines.append(f"{group}:  (named entries: a tf_keras class each, and its arguments)")
         for name, entry in (cfg.get(group) or {}).items():

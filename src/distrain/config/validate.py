@@ -50,6 +50,7 @@ def validate(cfg: DictConfig, model_code: bool = True) -> DictConfig:
             if entry != "auto":
                 check_importable(f"{group}.{name}._target_", entry._target_)
     check_data(cfg)
+    check_loggers(cfg)
     check_monitors(cfg)
     check_metrics_fit_loss(cfg)
     check_trainer(cfg)
@@ -61,6 +62,13 @@ def validate(cfg: DictConfig, model_code: bool = True) -> DictConfig:
         check_batch_divides(cfg.trainer.batch_size, configured_replicas(cfg.strategy, topology))
     check_devices_present(cfg.strategy)
     return cfg
+
+
+def check_loggers(cfg) -> None:
+    """A logger's library is installed (MLflow is an extra)."""
+    if "mlflow" in cfg.logger and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError('logger=mlflow needs MLflow, which is not installed: pip install -e ".[mlflow]" '
+                          "(or pip install mlflow), or choose another logger")
 
 
 def check_data(cfg) -> None:

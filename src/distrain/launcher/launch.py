@@ -30,6 +30,7 @@ from distrain.launcher import forkserver
 from distrain.launcher.restarts import Restarts
 from distrain.launcher.supervisor import Outcome, TaskProcess, run_tasks
 from distrain.report import results as report
+from distrain.report import tracking
 from distrain.report.sweep import Job, split_override
 
 log = logging.getLogger("distrain")
@@ -57,11 +58,11 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     try:
         cfg, found, why = _settled(cfg, run_dir, job, overrides)
         topology = Topology.of(cfg)
-        if not topology.local:
-            spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
+        spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name) if not topology.local else (None, None)
         run = RunDir(run_dir, cfg)
         _write_config(cfg, run, found)
         config = OmegaConf.to_container(cfg, resolve=True)
+        tracked = _tracked(config, run, job, spec, task)
     except ConfigError as exc:
         return _finish(Outcome(fail(exc), "failed", error_line(exc)), run, config, job)
     log.info("data: %s from source %s (%s)", schema.label(cfg.data), cfg.data.source, found.how if found else why)
@@ -72,18 +73,25 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir():  # (read by TensorFlow as each task starts)
         if not topology.clustered:  # (forked from this process's server: the next run starts sooner)
             forks = forkserver.shared(run.log("forkserver"))
-            return _finish(run_tasks([TaskProcess("train", argv, forks=forks)], run, job=job), run, config, job,
-                           overrides)
-        if topology.local:
-            return _finish(run_local_cluster(cfg, run, argv, job), run, config, job, overrides)
-        # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
-        log.info("this process is task %s:%d of %s", task.type, task.index, spec)
-        env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
-        return _finish(run_tasks([TaskProcess(task.name, argv, env, task=task, cluster=spec,
-                                              peer_timeout=coordinator_timeout(cfg, task.type),
-                                              stall_after=cfg.cluster.peer_timeout / 2)], run,
-                                 startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True), run, config,
-                       job, overrides)
+            outcome = run_tasks([TaskProcess("train", argv, forks=forks)], run, job=job)
+        elif topology.local:
+            outcome = run_local_cluster(cfg, run, argv, job)
+        else:  # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
+            log.info("this process is task %s:%d of %s", task.type, task.index, spec)
+            env = {**cluster_lib.task_env(spec, task),
+                   **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
+            outcome = run_tasks([TaskProcess(task.name, argv, env, task=task, cluster=spec,
+                                             peer_timeout=coordinator_timeout(cfg, task.type),
+                                             stall_after=cfg.cluster.peer_timeout / 2)], run,
+                                startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True)
+    return _finish(outcome, run, config, job, overrides, tracked)
+
+
+def _tracked(config: dict, run: RunDir, job: Job | None, spec: dict | None, task):
+    """The run's MLflow run (logger=mlflow), logged by the launcher of its chief alone; else None."""
+    if not tracking.wanted(config) or (task is not None and task.name != cluster_lib.chief_of(spec)):
+        return None
+    return tracking.start(config, run, job)
 
 
 def _settled(cfg, run_dir: Path, job: Job | None, overrides) -> tuple:
@@ -100,7 +108,9 @@ def _settled(cfg, run_dir: Path, job: Job | None, overrides) -> tuple:
         elif auto:
             log.info("trainer.resume=auto: no checkpoint in %s yet, so the run starts from the beginning",
                      RunDir(run_dir, cfg).checkpoints)
-    if cfg.trainer.tensorboard == "auto":  # a sweep's dashboard; a single run's only if asked for
+    if "tensorboard" not in cfg.logger:  # (logger=mlflow alone, say)
+        cfg = OmegaConf.merge(cfg, {"trainer": {"tensorboard": False}})
+    elif cfg.trainer.tensorboard == "auto":  # a sweep's dashboard; a single run's only if asked for
         cfg = OmegaConf.merge(cfg, {"trainer": {"tensorboard": job is not None}})
     source, why = data.resolve_source(cfg.data)
     cfg = OmegaConf.merge(cfg, {"data": {"source": source}})
@@ -273,7 +283,7 @@ def _record_restarts(run: RunDir, restarts: Restarts) -> None:
                             "final_num_workers": results["num_workers"] - len(gone)})
 
 
-def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None, overrides=()) -> int:
+def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None, overrides=(), tracked=None) -> int:
     """Record how the run ended in status.json (run_tasks wrote it already, before stopping the tasks;
     not so a run refused before it started) and as a TensorBoard session, draw a finished run's
     curves.png, say it in one line. config: the config.yaml written (None: the run was refused);
@@ -297,6 +307,8 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
             plots.curves(results, run / "curves.png")
         except Exception as exc:  # noqa: BLE001 - a plot that fails must not fail a finished run
             log.warning("curves.png not drawn: %s", exc)
+    if tracked:  # (after results.json's last facts and curves.png)
+        tracked.finish()
     if job:
         if outcome.status == "ok":
             log.info("job %s: ok%s", job, f" - {report.short_line(results)}" if results else "")

@@ -26,7 +26,8 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
              "learning_rate": t.learning_rate,
              "schedule": schema.label(cfg.schedule), "lr_scaling": t.lr_scaling,
              "scaled_learning_rate": t.learning_rate * schema.lr_factor(t),
-             "epochs": t.epochs, "global_batch_size": batch, "accumulate_steps": t.get("accumulate_steps", 1),
+             "epochs": t.epochs, "steps_per_epoch": data.steps, "global_batch_size": batch,
+             "accumulate_steps": t.get("accumulate_steps", 1),
              "per_replica_batch_size": f["per_replica_batch_size"], "steps_per_execution": f["steps_per_execution"],
              "precision_policy": f["precision_policy"], "onednn": f["onednn"], "jit_compile": t.jit_compile,
              "data": schema.label(cfg.data), "data_source": cfg.data.source, "train_examples": data.train_examples,
@@ -52,6 +53,24 @@ def results(cfg, data, progress, test: list, facts: dict) -> dict:
     if getattr(data, "class_names", None):  # an image folder's: what each output means
         found["class_names"] = data.class_names
     return {**found, **facts}  # and the facts not named above: tensorflow_version, worker_steps
+
+
+def epoch_rows(history: dict, epoch_seconds: list, examples_per_epoch: int, epochs: int, validate_every: int) -> list:
+    """A row per epoch trained ({"epoch": 1, "loss": ..., each metric, val_* where the epoch validated,
+    time_input, time_compute, time_communication, "epoch_examples_per_sec": ...}): metrics.csv's, and what
+    a tracker logs per epoch, alike from a running task's progress and from a finished run's results.json.
+    The val_* values are one per validated epoch: every validate_every-th and the last of `epochs`; None in
+    the others."""
+    trained = len(history.get("loss", []))
+    validated = [e for e in range(trained) if validate_every and ((e + 1) % validate_every == 0 or e + 1 == epochs)]
+    names = [name for name in history if name != "time_steps_seconds"]  # (the bound's, not a figure per epoch)
+    rows = [{"epoch": e + 1, **dict.fromkeys(names)} for e in range(trained)]  # (None: not validated that epoch)
+    for name in names:
+        for e, value in zip(validated if name.startswith("val_") else range(trained), history[name]):
+            rows[e][name] = value
+    for row, seconds in zip(rows, epoch_seconds):
+        row["epoch_examples_per_sec"] = round(examples_per_epoch / seconds, 1) if seconds else None
+    return rows
 
 
 def throughput(examples_per_epoch: int, epoch_seconds: list[float]) -> float:

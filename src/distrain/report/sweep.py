@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from distrain.common.errors import print_error
 from distrain.common.messages import ERROR
@@ -106,6 +107,7 @@ class SweepSummary(Callback):
         (SweepSummary.sweep_dir / STOPPED).unlink(missing_ok=True)  # a rerun sweep's, from its last run
         if runs_jobs_apart(config.hydra.launcher):  # (the processes the launcher starts inherit it)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _tracked_sweep(config)  # (before any job: each finds its parent in the sweep directory)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -115,6 +117,8 @@ class SweepSummary(Callback):
             print_error(f"the sweep's summary cannot be written ({exc.strerror}: {exc.filename}): "
                         f"free space, then `distrain summarize {config.hydra.sweep.dir}`")
             sys.exit(1)
+        if tracked := _tracked_sweep(config):
+            tracked.finish()
         signum = stopped_by(sweep_dir)
         if signum:
             print(f"interrupted by {signal.Signals(signum).name}: every job stopped, each recorded (rerun the "
@@ -122,6 +126,23 @@ class SweepSummary(Callback):
             sys.exit(128 + signum)
         if summary is not None and summary.failed:
             sys.exit(1)  # after the summary is written: the sweep as a whole did not succeed
+
+
+def _tracked_sweep(config):
+    """logger=mlflow: the sweep's parent run (tracking.py), made at its start and found again at its end
+    (the callback keeps nothing: Hydra's launchers copy it to their processes); else None."""
+    if "mlflow" not in (config.get("logger") or {}):
+        return None
+    from distrain.common.errors import ConfigError
+    from distrain.report import tracking
+
+    plain = {k: OmegaConf.to_container(config[k], resolve=True) for k in ("logger", "data", "model")}
+    try:
+        return tracking.start_sweep({**plain, "hydra": {"overrides": {"task": list(config.hydra.overrides.task)}}},
+                                    Path(config.hydra.sweep.dir))
+    except ConfigError as exc:
+        print_error(exc)
+        sys.exit(2)
 
 
 class Summary:

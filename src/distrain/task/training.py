@@ -99,7 +99,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     rebuild = lambda: build(cfg, data, policy)[:2]
     validate = make_validate(cfg, data, model, context.topology, rebuild, probabilities)
     run_epochs(runner, progress, t, data.steps, saves, out.tensorboard if t.tensorboard is True else None,
-               validate, callbacks, profile)
+               validate, callbacks, profile, epoch_file(cfg, run, data.steps) if chief else None)
     model, test, facts = finish(cfg, context, data, runner, model, rebuild, probabilities, compiled, progress)
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
@@ -324,14 +324,27 @@ def make_validate(cfg, data, model, topology, rebuild, probabilities: bool):
     return on_a_copy
 
 
+def epoch_file(cfg, run: RunDir, steps: int):
+    """metrics.csv's writer, called with the progress at each epoch's end, where a logger reads it (csv;
+    mlflow, whose tracker logs its rows), else None."""
+    t = cfg.trainer
+    if not {"csv", "mlflow"} & set(cfg.get("logger") or {}):
+        return None
+    def write(path: Path, progress: Progress) -> None:
+        run.write_metrics(report.epoch_rows(progress.history, progress.epoch_seconds, steps * schema.update_batch(t),
+                                            t.epochs, t.validate_every))
+    return lambda progress: storage.record(write, run.metrics, progress)  # (a full disk: said, not raised)
+
+
 def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path | None, validate=None,
-               callbacks: keras.callbacks.CallbackList | None = None, profile: Profile | None = None) -> None:
+               callbacks: keras.callbacks.CallbackList | None = None, profile: Profile | None = None,
+               rows=None) -> None:
     """Train from where `progress` stands to the last epoch, keeping it up to date; checkpoints at
     every epoch end and every t.checkpoint_every_steps global steps; TensorBoard logs in log_dir
     (train/, and validation/ for validate()'s). validate(): every t.validate_every epochs and after the
     last. callbacks (make_callbacks): called at each epoch's end with its logs (every worker of a
     synchronous cluster has the same), before its checkpoint; one that sets model.stop_training ends
-    the training there."""
+    the training there. rows(progress): metrics.csv's rows (epoch_file), after each epoch's checkpoint."""
     history, callbacks = progress.history, callbacks or keras.callbacks.CallbackList([])
     profile = profile or Profile(None, Path(), 0)
     board = Scalars(log_dir, validate is not None) if log_dir else None
@@ -363,6 +376,8 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
         progress.stopped_early = progress.stopped_early or next((c.stopped for c in callbacks if c.stopped), "")
         if saves:
             saves.save(progress, (epoch + 1) * steps)
+        if rows:  # (after its checkpoint: a restarted run has every epoch of its rows)
+            rows(progress)
         if Preemption.requested and epoch + 1 < t.epochs:
             raise Preempted((epoch + 1) * steps)
         if board:

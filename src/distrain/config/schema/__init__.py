@@ -1,7 +1,8 @@
 """The config schema: every key of every group option, with its type, default, range and meaning.
 
 keys.py is its language (a key, the ranges, the names configs compare against); run.py declares how a
-run runs (trainer, strategy, cluster); task.py what it learns (model, data, optimizer, schedule, loss).
+run runs (trainer, strategy, cluster); task.py what it learns (model, data, optimizer, schedule, loss);
+logger.py where its figures go besides its directory.
 Each option is registered here in Hydra's ConfigStore as `schema/<group>/<option>`, and the YAML file
 of that option (conf/<group>/<option>.yaml) extends it. checking.py checks a composed config against
 it and explains what it refuses (and lists the keys for --help); checks that relate several keys live
@@ -14,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from .keys import CLUSTER_STRATEGIES, CORES, FILE_SOURCES, MAX_PER_CORE, MWMS, PS, TARGET, DataSource, StrategyName
+from .logger import LOGGERS, Mlflow
 from .run import (
     CentralStorage,
     Local,
@@ -75,6 +77,7 @@ class Root:
     loss: Any = None
     metrics: Any = None  # {name: {_target_: a tf_keras metric class, its arguments}}: checked by checking.py
     callbacks: Any = None  # {name: {_target_: a tf_keras callback class, its arguments}}: the same
+    logger: Any = None  # {name: its keys}, names of LOGGERS: checked by checking.py
 
 
 # group -> option -> schema. A YAML option extends one of these (its `defaults:` names it).
@@ -113,6 +116,8 @@ def register() -> None:
     for group, options in SCHEMAS.items():
         for option, schema in options.items():
             store.store(group=f"schema/{group}", name=option, node=defaults(schema) if group in OWN else schema)
+    for option, schema in LOGGERS.items():
+        store.store(group="schema/logger", name=option, node=schema)
 
 
 # What each built-in loss reads, by its class.

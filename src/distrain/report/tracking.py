@@ -1,0 +1,449 @@
+"""MLflow tracking (logger=mlflow): one MLflow run per distrain run, and one parent run per sweep with
+a nested run per job; `distrain log DIR...` logs finished runs and sweeps after the fact.
+
+It runs in the launcher of the chief (no TensorFlow), never in a task: one process logs, whatever the
+workers, restarts and resizes, and a tracking server that stops answering costs a warning, never a
+training step. Everything it logs comes from the run directory (config.yaml, metrics.csv's rows, which
+the chief rewrites at each epoch's end, results.json, status.json, the logs, the SavedModel), so a run
+logged live and one logged after the fact are logged alike. Which MLflow run is the run's, and how many
+of its epochs are logged there, is kept in the run's mlflow.json per tracking URI: a resumed run, a
+restarted one and `distrain log` go on with the same MLflow run, logging each epoch once.
+
+Costs: importing MLflow, 2.5 s in the launcher's process; a call to a server per few seconds of
+training while epochs end; the model's files copied once at the end.
+"""
+import contextlib
+import importlib.metadata
+import io
+import logging
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+from distrain.common.errors import ConfigError, first_line, print_error
+from distrain.common.rundir import RunDir
+from distrain.config import schema
+from distrain.report import results as report
+
+log = logging.getLogger("distrain")
+
+FOLLOW_SECONDS = 2.0  # how often the launcher looks for epochs to log while the tasks train
+# MLflow's limits (mlflow.utils.validation): a parameter's value, and the entries of one call.
+MAX_VALUE, MAX_PARAMS, MAX_METRICS = 6000, 100, 1000
+# results.json's measured numbers, logged as the run's metrics (its other facts are parameters or tags).
+MEASURED = {"train_seconds", "seconds_to_first_step", "examples_per_sec", "steps_per_sec", "global_steps",
+            "final_train_loss", "input_examples_per_sec", "steps_examples_per_sec", "input_cpu_share",
+            "input_cpu_per_example", "model_params", "restarts", "task_restarts", "final_num_workers"}
+STATUS = {"ok": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+ARTIFACTS = ["config.yaml", "results.json", "status.json", "metrics.csv", "curves.png", "cluster.json"]
+SWEEP_ARTIFACTS = ["summary.csv", "summary.md", "scaling.png", "optimization_results.yaml", "multirun.yaml"]
+MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
+
+
+def wanted(config) -> bool:
+    return "mlflow" in ((config or {}).get("logger") or {})
+
+
+def settings(config) -> dict:
+    """logger.mlflow's keys with their defaults made: the tracking URI (a SQLite store in outputs/ beside
+    the runs, absolute), the experiment (<data>-<model>)."""
+    found = dict(((config or {}).get("logger") or {}).get("mlflow") or {})
+    uri = found.get("tracking_uri") or f"sqlite:///{os.path.abspath('outputs/mlflow.db')}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative: from here
+        uri = f"sqlite:///{os.path.abspath(uri.removeprefix('sqlite:///'))}"
+    experiment = found.get("experiment") or \
+        f"{schema.label(config.get('data') or {})}-{schema.label(config.get('model') or {})}"
+    return {**found, "tracking_uri": uri, "experiment": experiment}
+
+
+def connect(uri: str):
+    """An MlflowClient of a store that answers, or a one-line ConfigError naming the URI."""
+    for name, value in {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}.items():
+        os.environ.setdefault(name, value)  # (a server that is gone is said in seconds, not minutes)
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # (each retry: said once, below)
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - whatever the store raised, it cannot be used
+        raise ConfigError(f"logger.mlflow.tracking_uri={uri} cannot be reached ({_short(exc)}): start the server, "
+                          "or drop the key for a store beside the runs that needs none "
+                          "(sqlite:///outputs/mlflow.db)") from None
+    return client
+
+
+def _short(exc: Exception) -> str:
+    """Why a store failed, in a few words: the connection's error, the HTTP status, else the error's first line."""
+    text = str(exc)
+    if found := re.search(r"\[Errno -?\d+\] ([^\"')(]+)", text):
+        return found.group(1).strip().rstrip(".")
+    if found := re.search(r"error code (\d+)", text):
+        return f"it answers HTTP {found.group(1)}: is it an MLflow server?"
+    return first_line(text)[:160] or type(exc).__name__
+
+
+def experiment_id(client, name: str, uri: str) -> str:
+    """The experiment's id, created where missing (a job side by side may create it meanwhile)."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        where = Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" if uri.startswith("sqlite:") else None
+        try:
+            return client.create_experiment(name, artifact_location=where.as_uri() if where else None)
+        except MlflowException:
+            found = client.get_experiment_by_name(name)
+    if found is None or found.lifecycle_stage == "deleted":
+        raise ConfigError(f"the MLflow experiment {name} is deleted: restore it (mlflow experiments restore "
+                          f"--experiment-id ...), or set logger.mlflow.experiment to another name")
+    return found.experiment_id
+
+
+def flat(config: dict, prefix: str = "") -> dict:
+    """The config as MLflow's parameters: dotted keys, each value as text cut to MLflow's limit."""
+    params = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            params |= flat(value, f"{prefix}{key}.")
+        else:
+            params[f"{prefix}{key}"] = str(value)[:MAX_VALUE]
+    return params
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+class Tracked:
+    """The MLflow run of one run directory (a run's, or a sweep's parent), as its mlflow.json keeps it."""
+
+    def __init__(self, run: RunDir, config: dict, name: str, parent: dict | None = None):
+        self.run, self.config, self.settings = run, config, settings(config)
+        self.uri = self.settings["tracking_uri"]
+        self.client = connect(self.uri)
+        self.state = run.read_tracked().get(self.uri) or {}
+        self.lock, self.said, self.stop = threading.Lock(), False, threading.Event()
+        self.follower = None
+        if not self._open():
+            self._create(name, parent)
+
+    def _open(self) -> bool:
+        """The run's MLflow run goes on (resumed, restarted, logged after the fact), if it is there."""
+        if not self.state.get("run_id"):
+            return False
+        try:
+            found = self.client.get_run(self.state["run_id"])
+        except Exception:  # noqa: BLE001 - gone from this store (deleted, a new database): a new one
+            return False
+        if found.info.lifecycle_stage == "deleted":
+            return False
+        if not self.state.get("finished"):
+            self.client.update_run(self.state["run_id"], "RUNNING")
+        return True
+
+    def _create(self, name: str, parent: dict | None) -> None:
+        s = self.settings
+        experiment = parent["experiment_id"] if parent else experiment_id(self.client, s["experiment"], self.uri)
+        tags = {"distrain.version": importlib.metadata.version("distrain"), "machine": platform.node(),
+                "mlflow.source.name": "distrain", **{k: str(v) for k, v in (s.get("tags") or {}).items()}}
+        if (commit := _git_commit()) is not None:
+            tags["mlflow.source.git.commit"] = commit
+        if parent:
+            tags["mlflow.parentRunId"] = parent["run_id"]
+        made = self.client.create_run(experiment, run_name=s.get("run_name") or name, tags=tags)
+        self.state = {"run_id": made.info.run_id, "experiment_id": experiment,
+                      "experiment": parent["experiment"] if parent else s["experiment"],
+                      "epochs_logged": 0}
+        self._save()
+        params = flat({k: v for k, v in self.config.items() if k != "hydra"})
+        from mlflow.entities import Param
+
+        items = [Param(k[:250], v) for k, v in params.items()]
+        for at in range(0, len(items), MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=items[at:at + MAX_PARAMS])
+        if self.run.config.exists():
+            self.client.log_artifact(self.run_id, str(self.run.config))
+
+    run_id = property(lambda self: self.state["run_id"])
+
+    def _save(self) -> None:
+        self.run.write_tracked({**self.run.read_tracked(), self.uri: self.state})
+
+    def where(self) -> str:
+        return f"mlflow: run {self.run_id} in experiment {self.state['experiment']} at {self.uri}"
+
+    # -- epochs
+    def log_epochs(self, rows: list | None = None) -> int:
+        """The epochs not logged yet (metrics.csv's rows, else those a finished run's results.json gives),
+        each metric at its epoch as the step. How many were logged."""
+        from mlflow.entities import Metric
+
+        rows = self.run.read_metrics() if rows is None else rows
+        with self.lock:
+            done = self.state.get("epochs_logged", 0)
+            new = [row for row in rows or [] if row["epoch"] > done]
+            if not new:
+                return 0
+            now = _millis()
+            items = [Metric(name, float(value), now, row["epoch"]) for row in new for name, value in row.items()
+                     if name != "epoch" and value is not None]
+            for at in range(0, len(items), MAX_METRICS):
+                self.client.log_batch(self.run_id, metrics=items[at:at + MAX_METRICS])
+            self.state["epochs_logged"] = new[-1]["epoch"]
+            self._save()
+        return len(new)
+
+    def follow(self) -> None:
+        """Log each epoch as metrics.csv gains it, in a thread, until finish()."""
+        def loop():
+            while not self.stop.wait(FOLLOW_SECONDS):
+                try:
+                    self.log_epochs()
+                except Exception as exc:  # noqa: BLE001 - a tracker that fails never fails the training
+                    self.lost(exc)
+                    return
+        self.follower = threading.Thread(target=loop, name="mlflow", daemon=True)
+        self.follower.start()
+
+    def lost(self, exc: Exception) -> None:
+        if not self.said:
+            self.said = True
+            log.warning("mlflow: cannot log to %s (%s): the run goes on, and its directory keeps everything; "
+                        "`distrain log %s` completes the MLflow run", self.uri, _short(exc), self.run)
+
+    # -- the end
+    def finish(self) -> None:
+        """After the run: the epochs left, the results as metrics, the run's files and model, its status
+        (and error line). A store that fails is a warning."""
+        self.stop.set()
+        if self.follower:
+            self.follower.join(timeout=30)
+        try:
+            self._finish()
+        except Exception as exc:  # noqa: BLE001 - the run is over and kept: logging it is what failed
+            self.lost(exc)
+            return
+        log.info(self.where())
+
+    def _finish(self) -> None:
+        results, status = self.run.read_results() or {}, self.run.read_status()
+        rows = self.run.read_metrics()
+        if rows is None and results.get("history"):  # a run made without metrics.csv: its results say
+            rows = rows_of(results, self.config)
+        self.log_epochs(rows)
+        self._log_results(results)
+        for name in ARTIFACTS:
+            if (self.run / name).exists():
+                self.client.log_artifact(self.run_id, str(self.run / name))
+        if self.run.logs.is_dir():
+            self.client.log_artifacts(self.run_id, str(self.run.logs), "logs")
+        step = results.get("global_steps")  # (a resumed run's model is another: logged anew)
+        if status.get("status") == "ok" and self.settings.get("log_model", True) and self.run.saved_model.is_dir() \
+                and self.state.get("model_at_step") != step:
+            self.state |= {"model": self._log_model(results), "model_at_step": step}
+        if status.get("error"):
+            self.client.set_tag(self.run_id, "error", status["error"][:MAX_VALUE])
+        self.client.set_terminated(self.run_id, STATUS.get(status.get("status"), "FAILED"))
+        self.state["finished"] = True
+        self._save()
+        if results:
+            self.run.add_to_results({"mlflow_run_id": self.run_id, "mlflow_tracking_uri": self.uri})
+
+    def _log_results(self, results: dict) -> None:
+        from mlflow.entities import Metric
+
+        numbers = {k: v for k, v in results.items() if (k in MEASURED or k.startswith("test_"))
+                   and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers |= {f"time_split_{k}": v for k, v in (results.get("time_split") or {}).items()}
+        numbers |= {f"peak_rss_mib_{k}": v for k, v in (results.get("peak_rss_mib") or {}).items()}
+        now = _millis()
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in numbers.items()],
+                              tags=[_tag(k, results[k]) for k in ("strategy", "num_workers", "num_ps", "num_replicas",
+                                                                  "precision_policy", "tensorflow_version")
+                                    if k in results])
+
+    def _log_model(self, results: dict) -> str:
+        """The SavedModel as an MLflow pyfunc model (mlflow_model.py loads it with tf_keras), its input
+        signature from the run's input shape. Its URI."""
+        import mlflow
+        import numpy as np
+        from mlflow.models import ModelSignature
+        from mlflow.types import Schema, TensorSpec
+
+        shape = (-1, *results["input_shape"]) if results.get("input_shape") else (-1,)
+        signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype("float32"), shape)]))
+        tf = importlib.metadata.version("tensorflow")
+        # (quiet: its advice on input examples, and the links it prints as the run is left)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            mlflow.set_tracking_uri(self.uri)
+            with mlflow.start_run(run_id=self.run_id):  # (the model is the run's)
+                info = mlflow.pyfunc.log_model(name="model", python_model=str(MODEL_CODE),
+                                               artifacts={"saved_model": str(self.run.saved_model)},
+                                               signature=signature,
+                                               pip_requirements=[f"tensorflow=={tf}", f"tf-keras=={tf}",
+                                                                 f"mlflow=={importlib.metadata.version('mlflow')}"])
+        return info.model_uri
+
+
+def _yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        found = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _tag(key: str, value):
+    from mlflow.entities import RunTag
+
+    return RunTag(key, str(value))
+
+
+def _millis() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def rows_of(results: dict, config: dict) -> list:
+    """The epochs' rows of a finished run from its results.json (a run made without metrics.csv)."""
+    history, trainer = results["history"], (config or {}).get("trainer") or {}
+    steps = results.get("steps_per_epoch") or round(results["global_steps"] / max(1, len(history.get("loss", []))))
+    return report.epoch_rows(history, results.get("epoch_seconds") or [], steps * results["global_batch_size"],
+                             trainer.get("epochs", results.get("epochs", 0)), trainer.get("validate_every", 0))
+
+
+class TrackedSweep(Tracked):
+    """A sweep's parent run: the sweep's overrides as parameters; at its end its summary, plot and Optuna's
+    best, and FAILED where a job failed."""
+
+    def _create(self, name: str, parent: dict | None) -> None:
+        config, self.config = self.config, dict(self.config.get("sweep") or {})  # its parameters: the overrides
+        try:
+            super()._create(name, parent)
+        finally:
+            self.config = config
+
+    def _finish(self) -> None:
+        from distrain.report import sweep
+
+        for name in SWEEP_ARTIFACTS:
+            if (self.run / name).exists():
+                self.client.log_artifact(self.run_id, str(self.run / name))
+        best = _yaml(self.run / "optimization_results.yaml")
+        if isinstance(best.get("best_value"), (int, float)):
+            self.client.log_metric(self.run_id, "best_value", float(best["best_value"]))
+        ends = [RunDir(path.parent).ended() for path in self.run.path.glob("*/config.yaml")]
+        self.client.set_terminated(self.run_id, "KILLED" if sweep.stopped_by(self.run.path) else
+                                   "FINISHED" if ends and all(e == "ok" for e in ends) else "FAILED")
+        self.state["finished"] = True
+        self._save()
+
+
+def start(config: dict, run: RunDir, job=None) -> Tracked:
+    """A run's MLflow run (a sweep's job: nested in the sweep's), following its epochs as they end. A
+    one-line ConfigError where the store cannot be used."""
+    parent = RunDir(run.path.parent).read_tracked().get(settings(config)["tracking_uri"]) if job else None
+    tracked = _made(Tracked, run, config, str(job) if job else "/".join(run.path.parts[-2:]), parent)
+    tracked.follow()
+    return tracked
+
+
+def start_sweep(config: dict, sweep_dir: Path) -> Tracked:
+    """A sweep's parent run, which its jobs find in the sweep directory's mlflow.json."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    overrides = ((config.get("hydra") or {}).get("overrides") or {}).get("task") or []
+    swept = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
+    return _made(TrackedSweep, RunDir(sweep_dir), {**config, "sweep": swept}, "/".join(sweep_dir.parts[-2:]))
+
+
+def _made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None) -> Tracked:
+    try:
+        return kind(run, config, name, parent)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - MLflow's errors are many: each is one line here
+        raise ConfigError(f"mlflow: the run cannot be created at {settings(config)['tracking_uri']} "
+                          f"({_short(exc)})") from None
+
+
+def main(argv: list) -> int:
+    """`distrain log DIR... [logger.mlflow.KEY=VALUE ...]`: finished runs and sweeps into MLflow, from
+    what their directories hold; one already logged there is said, not logged again."""
+    import yaml
+
+    dirs, overrides = [a for a in argv if "=" not in a], [a for a in argv if "=" in a and a != "logger=mlflow"]
+    if not dirs or {"-h", "--help"} & set(argv):
+        print("usage: distrain log RUN_OR_SWEEP_DIR... [logger.mlflow.tracking_uri=URI logger.mlflow.experiment=NAME]",
+              file=sys.stderr)
+        return 2
+    keys = {}
+    for override in overrides:
+        key, value = override.split("=", 1)
+        name = key.removeprefix("logger.mlflow.")
+        if not key.startswith("logger.mlflow.") or name not in schema.Mlflow.__dataclass_fields__:
+            print_error(f"{override} is not a key of logger.mlflow ({', '.join(schema.Mlflow.__dataclass_fields__)}):"
+                        " set e.g. logger.mlflow.tracking_uri=http://127.0.0.1:5000")
+            return 2
+        keys[name] = yaml.safe_load(value)
+    try:
+        for path in map(Path, dirs):
+            _log_after(path, keys)
+    except ConfigError as exc:
+        print_error(exc)
+        return 2
+    return 0
+
+
+def _log_after(path: Path, keys: dict) -> None:
+    run = RunDir(path)
+    jobs = sorted((p.parent for p in path.glob("*/config.yaml")), key=lambda p: (len(p.name), p.name))
+    if not run.config.exists() and not jobs:
+        raise ConfigError(f"{path} holds no run or sweep (no config.yaml): give a run's directory "
+                          "(outputs/DATE/TIME) or a sweep's (multirun/DATE/TIME)")
+    if run.config.exists():
+        _log_run(run, keys)
+        return
+    first = _with(RunDir(jobs[0]).read_config(), keys)
+    parent = _made(TrackedSweep, run, {**first, "sweep": {}}, "/".join(path.parts[-2:]))
+    for job in jobs:
+        _log_run(RunDir(job), keys, parent.state)
+    if not parent.state.get("finished"):
+        parent.finish()
+
+
+def _with(config: dict | None, keys: dict) -> dict:
+    config = dict(config or {})
+    logger = dict(config.get("logger") or {})
+    logger["mlflow"] = {**(logger.get("mlflow") or {}), **keys}
+    return {**config, "logger": logger}
+
+
+def _log_run(run: RunDir, keys: dict, parent: dict | None = None) -> None:
+    status = run.read_status()
+    name = f"#{status['job']}" + (f" ({status['swept']})" if status.get("swept") else "") \
+        if "job" in status else "/".join(run.path.parts[-2:])
+    tracked = _made(Tracked, run, _with(run.read_config(), keys), name, parent)
+    if tracked.state.get("finished"):
+        print(f"{run}: logged already ({tracked.where()})", flush=True)
+        return
+    tracked.finish()
+    print(f"{run}: {tracked.where()}", flush=True)

@@ -1,0 +1,250 @@
+"""MLflow tracking (logger=mlflow), against a real `mlflow server` this module starts on 127.0.0.1 with a
+SQLite store in a temporary directory (and stops), read back with MlflowClient: one MLflow run per run
+whatever its workers, restarts and resumes; a sweep's parent with a run per job; a server lost mid-run
+costs a warning, and `distrain log` completes the run; the default store needs no server.
+
+Every multi-process test is bounded in time and checks that no process it caused is left behind.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import portpicker
+import pytest
+
+from helpers import RUN_TIMEOUT, assert_nothing_left, kill_in_epoch_2, run_cli, sweep_cli, while_running
+
+pytestmark = pytest.mark.slow
+TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.batch_size=64",
+        "trainer.verbose=2"]
+MLFLOW = str(Path(sys.executable).parent / "mlflow")
+DISTRAIN = str(Path(sys.executable).parent / "distrain")
+
+
+class Server:
+    """`mlflow server` on 127.0.0.1 with its SQLite store and artifacts under `root`; stop() and start()
+    again keep them."""
+
+    def __init__(self, root: Path):
+        self.root, self.port, self.proc = root, portpicker.pick_unused_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Server":
+        self.proc = subprocess.Popen(
+            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--artifacts-destination",
+             str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            stdout=open(self.root / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # (no job runner processes)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.uri}/health", timeout=2)
+                return self
+            except OSError:
+                assert self.proc.poll() is None and time.monotonic() < deadline, (self.root / "server.log").read_text()
+                time.sleep(0.25)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.uri)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    found = Server(root).start()
+    yield found
+    found.stop()
+    assert_nothing_left(root)
+
+
+def tracked(run_dir: Path, uri: str) -> dict:
+    return json.loads((run_dir / "mlflow.json").read_text())[uri]
+
+
+def steps(client, run_id: str, key: str) -> list:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def runs_of(client, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
+
+
+def same_predictions(model_uri: str, run_dir: Path, uri: str) -> float:
+    """The largest difference between the MLflow model's pyfunc predictions and plain Keras's, on 16
+    random inputs of the run's shape."""
+    import mlflow
+    import tf_keras
+
+    shape = json.loads((run_dir / "results.json").read_text())["input_shape"]
+    x = np.random.default_rng(0).random((16, *shape), dtype=np.float32)
+    mlflow.set_tracking_uri(uri)
+    pyfunc = mlflow.pyfunc.load_model(model_uri).predict(x)
+    keras = tf_keras.models.load_model(str(run_dir / "saved_model")).predict(x, verbose=0)
+    control = tf_keras.models.load_model(str(run_dir / "saved_model")).predict(x[::-1], verbose=0)
+    assert np.abs(pyfunc - control).max() > 1e-3  # (the comparison can fail: other inputs, other outputs)
+    return float(np.abs(pyfunc - keras).max())
+
+
+def test_a_two_worker_run_killed_restarted_and_resumed_is_one_mlflow_run(server, tmp_path):
+    """multi_worker_mirrored on 2 workers, worker-1 killed in epoch 2 (the cluster restarts from its
+    checkpoint), then resumed for one epoch more: one MLflow run, each epoch's metrics once, the config
+    as parameters, the run's files, and a model whose pyfunc predicts as plain Keras."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, "strategy=multi_worker_mirrored", "cluster.workers=2", "cluster.max_restarts=1", "logger=mlflow",
+            f"logger.mlflow.tracking_uri={server.uri}", "logger.mlflow.experiment=workers",
+            "+logger.mlflow.tags.team=vision", "trainer.epochs=3", "trainer.steps_per_epoch=30"]
+    code, out = while_running(run_dir, *args, chaos=kill_in_epoch_2(run_dir / "logs" / "worker-1.log", run_dir,
+                                                                    "worker-1"))
+    assert code == 0, out[-3000:]
+    assert json.loads((run_dir / "results.json").read_text())["task_restarts"], out[-3000:]
+    first = tracked(run_dir, server.uri)
+    done = run_cli(run_dir, *args, "trainer.resume=true", "trainer.epochs=4")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = server.client()
+    (run,) = runs_of(client, "workers")  # one run: not one per worker, restart or resume
+    state = tracked(run_dir, server.uri)
+    assert run.info.run_id == first["run_id"] == state["run_id"] and run.info.status == "FINISHED"
+    assert f"mlflow: run {run.info.run_id} in experiment workers at {server.uri}" in done.stdout + done.stderr
+    for key in ("loss", "accuracy", "time_compute", "epoch_examples_per_sec"):
+        assert steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
+    assert run.data.params["strategy.name"] == "multi_worker_mirrored" and run.data.params["cluster.workers"] == "2"
+    assert run.data.tags["team"] == "vision" and run.data.tags["num_workers"] == "2"
+    assert run.data.tags["num_replicas"] == "2" and "distrain.version" in run.data.tags
+    results = json.loads((run_dir / "results.json").read_text())
+    assert run.data.metrics["test_accuracy"] == pytest.approx(results["test_accuracy"])
+    assert results["mlflow_run_id"] == run.info.run_id
+    files = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "results.json", "metrics.csv", "curves.png", "logs"} <= files
+    assert "worker-1.log" in {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "logs")}
+    assert same_predictions(state["model"], run_dir, server.uri) < 1e-5
+    assert_nothing_left(tmp_path)
+
+
+def test_a_parameter_server_run_is_logged_by_its_coordinator_alone(server, tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_cli(run_dir, *TINY, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
+                   "trainer.epochs=2", "logger=mlflow", f"logger.mlflow.tracking_uri={server.uri}",
+                   "logger.mlflow.experiment=ps")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = server.client()
+    (run,) = runs_of(client, "ps")
+    assert run.data.tags["strategy"] == "parameter_server" and run.data.tags["num_ps"] == "1"
+    assert steps(client, run.info.run_id, "loss") == [1, 2]
+    assert same_predictions(tracked(run_dir, server.uri)["model"], run_dir, server.uri) < 1e-5
+    assert_nothing_left(tmp_path)
+
+
+def test_a_sweep_is_a_parent_run_with_a_nested_run_per_job(server, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    out = sweep_cli(sweep_dir, *TINY, "trainer.epochs=1", "trainer.learning_rate=0.001,0.002",
+                    "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trainer.save_model=false", "logger=mlflow",
+                    f"logger.mlflow.tracking_uri={server.uri}", "logger.mlflow.experiment=sweep")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = server.client()
+    runs = runs_of(client, "sweep")
+    parent = tracked(sweep_dir, server.uri)["run_id"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
+    assert len(runs) == 3 and len(children) == 2, [r.data.tags for r in runs]
+    assert sorted(r.data.params["trainer.learning_rate"] for r in children) == ["0.001", "0.002"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert {"summary.csv", "summary.md"} <= {a.path for a in client.list_artifacts(parent)}
+    assert client.get_run(parent).data.params["trainer.learning_rate"] == "0.001,0.002"
+    assert_nothing_left(tmp_path)
+
+
+def test_a_server_lost_mid_run_costs_a_warning_and_distrain_log_completes_the_run(server, tmp_path):
+    """The server stops once the run's MLflow run is made (before its task has started): the run goes on
+    to rc 0 with one warning; with the server back, `distrain log RUN` logs the rest (each epoch once, the
+    model), and again says it is logged."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, "trainer.epochs=6", "trainer.steps_per_epoch=100", "logger=mlflow",
+            f"logger.mlflow.tracking_uri={server.uri}", "logger.mlflow.experiment=lost"]
+
+    def chaos(run):
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not (run_dir / "mlflow.json").exists():
+            assert run.poll() is None and time.monotonic() < deadline, "no MLflow run made"
+            time.sleep(0.05)
+        server.stop()
+    try:
+        code, out = while_running(run_dir, *args, chaos=chaos)
+    finally:
+        server.stop()
+        server.start()
+    assert code == 0, out[-3000:]
+    assert out.count(f"mlflow: cannot log to {server.uri}") == 1, out[-3000:]
+    assert f"distrain log {run_dir}" in out
+    state = tracked(run_dir, server.uri)
+    assert state["epochs_logged"] < 6 and not state.get("finished")
+    done = subprocess.run([DISTRAIN, "log", str(run_dir), f"logger.mlflow.tracking_uri={server.uri}"],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    client = server.client()
+    (run,) = runs_of(client, "lost")
+    assert run.info.status == "FINISHED" and steps(client, run.info.run_id, "loss") == [1, 2, 3, 4, 5, 6]
+    assert tracked(run_dir, server.uri)["model"]
+    again = subprocess.run([DISTRAIN, "log", str(run_dir), f"logger.mlflow.tracking_uri={server.uri}"],
+                           capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
+    assert again.returncode == 0 and "logged already" in again.stdout, again.stdout + again.stderr
+    assert len(runs_of(client, "lost")) == 1
+    assert_nothing_left(tmp_path)
+
+
+def test_the_default_store_needs_no_server_and_a_run_logged_after_the_fact_is_logged_alike(tmp_path):
+    """logger=mlflow with no URI: a SQLite store in outputs/. The same run's directory without metrics.csv
+    (as a run made with logger=tensorboard has none), logged after the fact, gives the same epochs' metrics
+    from its results.json. Control: its history changed, they differ."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    done = run_cli(run_dir, *TINY, "trainer.epochs=3", "trainer.validate_every=2", "logger=mlflow",
+                   "trainer.save_model=false")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"  # (beside the runs Hydra makes from here)
+    live = tracked(run_dir, uri)
+    client = MlflowClient(uri)
+
+    def history(run_id):
+        return {k: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
+                for k in client.get_run(run_id).data.metrics if k not in ("seconds_to_first_step",)}
+
+    for name, change in (("copy", None), ("changed", 0.5)):
+        copy = tmp_path / name
+        shutil.copytree(run_dir, copy)
+        (copy / "metrics.csv").unlink()
+        (copy / "mlflow.json").unlink()
+        if change:
+            results = json.loads((copy / "results.json").read_text())
+            results["history"]["loss"][1] += change
+            (copy / "results.json").write_text(json.dumps(results))
+        out = subprocess.run([DISTRAIN, "log", str(copy)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                             cwd=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        after = tracked(copy, uri)["run_id"]
+        assert (history(after) == history(live["run_id"])) == (change is None), name
+    assert [s for s, _ in history(live["run_id"])["val_loss"]] == [2, 3]
+    failed = run_cli(tmp_path / "diverged", *TINY, "trainer.epochs=1", "optimizer=sgd", "trainer.learning_rate=1e30",
+                     "logger=mlflow")  # (a run that fails: its MLflow run is marked so, with its error line)
+    assert failed.returncode == 2, failed.stdout[-3000:] + failed.stderr[-3000:]
+    run = client.get_run(tracked(tmp_path / "diverged", uri)["run_id"])
+    assert run.info.status == "FAILED" and "NaN" in run.data.tags["error"], run.data.tags
+    assert_nothing_left(tmp_path)
