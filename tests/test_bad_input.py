@@ -118,7 +118,8 @@ CASES = [
      "drop the key for a store beside the runs that needs none"),
     ("bare-word", ["trainer"], "cannot read the override 'trainer'"),  # (not a command's name: Hydra's line)
     ("command-typo", ["evalute"], "evalute is neither a command of distrain (evaluate, log, predict, stacks, "
-                                  "summarize, write-tfrecords) nor an override (key=value): write distrain evaluate ..."),
+                                  "summarize, write-tfrecords) nor an override (key=value): write distrain "
+                                  "evaluate ..."),
     ("command-not-first", ["evaluate"], "evaluate is a command of distrain, not an override: give it first, e.g. "
                                         "distrain evaluate ..."),
     ("override-no-value", ["trainer.epochs"], "trainer.epochs"),
