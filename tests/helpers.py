@@ -12,8 +12,10 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
+import portpicker
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -335,3 +337,42 @@ def tensorboard_values(log_dir: Path) -> dict:
                     parse[value.tag](value.metadata.plugin_data.content) if value.tag in parse
                     else tensor_util.make_ndarray(value.tensor).item())
     return found
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1 with its SQLite store and artifacts under `root`; stop() and start()
+    again keep them."""
+
+    def __init__(self, root: Path):
+        self.root, self.port, self.proc = root, portpicker.pick_unused_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "MlflowServer":
+        mlflow = str(Path(sys.executable).parent / "mlflow")
+        self.proc = subprocess.Popen(
+            [mlflow, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--artifacts-destination",
+             str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            stdout=open(self.root / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # (no job runner processes)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.uri}/health", timeout=2)
+                return self
+            except OSError:
+                assert self.proc.poll() is None and time.monotonic() < deadline, (self.root / "server.log").read_text()
+                time.sleep(0.25)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.uri)

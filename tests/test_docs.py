@@ -37,6 +37,7 @@ NOT_HERE = {
     "apt-get": "installs Debian packages",
     "export": "sets the environment for the commands after it",
     "scripts/slurm-local.sh": "brings up a local Slurm (test_slurm)",
+    "mlflow": "MLflow's own command: its server (test_docs_run starts one where the docs do) or UI",
 }
 # Arguments that stand for the reader's own values: a command holding one is composed without it.
 PLACEHOLDERS = ("...",)

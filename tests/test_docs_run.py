@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -36,7 +37,7 @@ from sybil.parsers.markdown import CodeBlockParser
 from distrain import cli
 from distrain.data import write_tfrecords as tfrecords
 
-from helpers import ROOT, here
+from helpers import ROOT, MlflowServer, here
 from test_docs import DOCS, NEEDS_ELSEWHERE, NOT_HERE, READERS_MODULES, check, commands, distrain_args, lay_out
 
 pytestmark = pytest.mark.slow
@@ -79,6 +80,7 @@ STEPS = "trainer.steps_per_epoch=2"
 # The directories the docs name for the reader's last run and sweep (test_docs.NEEDS_ELSEWHERE):
 # here the last the document's commands made.
 LAST_RUN, LAST_SWEEP = "outputs/DATE/TIME", "multirun/DATE/TIME"
+MLFLOW_URI = "http://127.0.0.1:5000"  # the docs' `mlflow server`: here the test's, on a port of its own
 
 
 def readers_files(where: Path) -> None:
@@ -129,6 +131,11 @@ class Reader:
     def __init__(self, doc: str, home: Path, project: Path):
         self.doc, self.home, self.project = doc, home, project
         self.runs, self.sweeps, self.problems, self.ran, self.not_run = [], [], [], [], []
+        self.server = None  # an `mlflow server` the document starts (stop(): at its end)
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
 
     def shell(self, example) -> None:
         self.run_block(example.parsed, example.line)
@@ -150,6 +157,10 @@ class Reader:
             words = [w for word in map(self.substitute, words) for w in expand(word, cwd)]
             if words[0] == "cd":
                 cwd = cwd / words[1]
+                continue
+            if words[:2] == ["mlflow", "server"]:  # the reader's tracking server: one of the test's, on its own port
+                self.server = self.server or MlflowServer(Path(tempfile.mkdtemp(dir=self.project))).start()
+                self.ran.append((at, line))
                 continue
             args = distrain_args(words)
             why = next((why for marker, why in NOT_RUN.items() if marker in line), None)
@@ -198,12 +209,14 @@ class Reader:
 
     def substitute(self, word: str) -> str:
         """The reader's last run and sweep where the docs name them."""
+        word = word.replace(MLFLOW_URI, self.server.uri) if self.server else word
         word = word.replace(LAST_RUN, str(self.runs[-1])) if self.runs else word
         return word.replace(LAST_SWEEP, str(self.sweeps[-1])) if self.sweeps else word
 
     def run(self, args: list, cwd: Path) -> str:
         """Run one command, shortened; what did not hold ("" if all did)."""
-        command = args[0] if args and args[0] in ("write-tfrecords", "evaluate", "predict", "summarize") else None
+        command = args[0] if args and args[0] in ("write-tfrecords", "evaluate", "predict", "summarize", "log") \
+            else None
         flags, overrides = cli._flags_first(args[1:] if command else args)
         sweep = bool({"-m", "--multirun"} & set(flags))
         if {"--help", "-h", "--cfg", "-c"} & set(flags):
@@ -273,7 +286,11 @@ def read(reader: Reader, doc: Path) -> Reader:
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_command_of_the_docs_runs_as_it_says(doc, tmp_path):
-    reader = read(Reader(doc, reader_home(tmp_path, doc), tmp_path / "project"), ROOT / doc)
+    reader = Reader(doc, reader_home(tmp_path, doc), tmp_path / "project")
+    try:
+        read(reader, ROOT / doc)
+    finally:
+        reader.stop()
     print(f"{doc}: {len(reader.ran)} run:", *(f"  {line}: {command}" for line, command in reader.ran), sep="\n")
     print(f"{len(reader.not_run)} not run:",
           *(f"  {line}: {command} ({why})" for line, command, why in reader.not_run), sep="\n")

@@ -6,70 +6,27 @@ costs a warning, and `distrain log` completes the run; the default store needs n
 Every multi-process test is bounded in time and checks that no process it caused is left behind.
 """
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-import portpicker
 import pytest
 
-from helpers import RUN_TIMEOUT, assert_nothing_left, kill_in_epoch_2, run_cli, sweep_cli, while_running
+from helpers import RUN_TIMEOUT, MlflowServer, assert_nothing_left, kill_in_epoch_2, run_cli, sweep_cli, while_running
 
 pytestmark = pytest.mark.slow
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.batch_size=64",
         "trainer.verbose=2"]
-MLFLOW = str(Path(sys.executable).parent / "mlflow")
 DISTRAIN = str(Path(sys.executable).parent / "distrain")
-
-
-class Server:
-    """`mlflow server` on 127.0.0.1 with its SQLite store and artifacts under `root`; stop() and start()
-    again keep them."""
-
-    def __init__(self, root: Path):
-        self.root, self.port, self.proc = root, portpicker.pick_unused_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "Server":
-        self.proc = subprocess.Popen(
-            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--artifacts-destination",
-             str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-            stdout=open(self.root / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # (no job runner processes)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.uri}/health", timeout=2)
-                return self
-            except OSError:
-                assert self.proc.poll() is None and time.monotonic() < deadline, (self.root / "server.log").read_text()
-                time.sleep(0.25)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-    def client(self):
-        from mlflow.tracking import MlflowClient
-
-        return MlflowClient(self.uri)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
-    found = Server(root).start()
+    found = MlflowServer(root).start()
     yield found
     found.stop()
     assert_nothing_left(root)

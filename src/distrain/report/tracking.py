@@ -66,12 +66,13 @@ def connect(uri: str):
     for name, value in {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}.items():
         os.environ.setdefault(name, value)  # (a server that is gone is said in seconds, not minutes)
-    for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # (each retry: said once, below)
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     from mlflow.tracking import MlflowClient
+
+    for name in ("mlflow", "alembic"):  # (after MLflow's import, which sets its own)
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # (each retry: said once, below)
 
     client = MlflowClient(tracking_uri=uri)
     try:
@@ -341,6 +342,9 @@ class TrackedSweep(Tracked):
             super()._create(name, parent)
         finally:
             self.config = config
+
+    def where(self) -> str:
+        return super().where().replace("mlflow: run", "mlflow: the sweep's run", 1) + ", a run nested in it per job"
 
     def _finish(self) -> None:
         from distrain.report import sweep

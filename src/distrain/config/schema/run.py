@@ -47,7 +47,8 @@ class Trainer:
                       "TF_ENABLE_ONEDNN_OPTS in the environment wins", one_of(False, True, "auto"))
     jit_compile: bool = key(False, "XLA-compile the forward and backward pass")
     tensorboard: Any = key("auto", "TensorBoard logs in <run dir>/tensorboard: per-epoch scalars, and the run as a "
-                           "session of the HParams dashboard; auto: on in sweeps (-m), off for single runs",
+                           "session of the HParams dashboard; auto: on in sweeps (-m), off for single runs; "
+                           "off where the logger group leaves tensorboard out",
                            one_of(False, True, "auto"))
     save_model: bool = key(True, "checkpoints (each epoch, and see below) + the SavedModel, in the run directory")
     checkpoint_every_steps: int = key(0, "also a checkpoint every N global steps within epochs (0: at epoch "
