@@ -296,9 +296,9 @@ def main() -> None:
 
         sys.exit(sweep.main(sys.argv[2:]))
     if sys.argv[1:2] == ["log"]:
-        from distrain.report import tracking
+        from distrain.report import log_after
 
-        sys.exit(tracking.main(sys.argv[2:]))
+        sys.exit(log_after.main(sys.argv[2:]))
     if sys.argv[1:2] == ["stacks"]:
         from distrain.common import stacks
 

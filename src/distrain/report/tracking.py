@@ -1,5 +1,5 @@
 """MLflow tracking (logger=mlflow): one MLflow run per distrain run, and one parent run per sweep with
-a nested run per job; `distrain log DIR...` logs finished runs and sweeps after the fact.
+a nested run per job; `distrain log DIR...` (log_after.py) logs finished runs and sweeps after the fact.
 
 It runs in the launcher of the chief (no TensorFlow), never in a task: one process logs, whatever the
 workers, restarts and resizes, and a tracking server that stops answering costs a warning, never a
@@ -20,12 +20,11 @@ import os
 import platform
 import re
 import subprocess
-import sys
 import threading
 import warnings
 from pathlib import Path
 
-from distrain.common.errors import ConfigError, first_line, print_error
+from distrain.common.errors import ConfigError, first_line
 from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.report import results as report
@@ -347,17 +346,15 @@ class TrackedSweep(Tracked):
         return super().where().replace("mlflow: run", "mlflow: the sweep's run", 1) + ", a run nested in it per job"
 
     def _finish(self) -> None:
-        from distrain.report import sweep
-
         for name in SWEEP_ARTIFACTS:
             if (self.run / name).exists():
                 self.client.log_artifact(self.run_id, str(self.run / name))
         best = _yaml(self.run / "optimization_results.yaml")
         if isinstance(best.get("best_value"), (int, float)):
             self.client.log_metric(self.run_id, "best_value", float(best["best_value"]))
-        ends = [RunDir(path.parent).ended() for path in self.run.path.glob("*/config.yaml")]
-        self.client.set_terminated(self.run_id, "KILLED" if sweep.stopped_by(self.run.path) else
-                                   "FINISHED" if ends and all(e == "ok" for e in ends) else "FAILED")
+        ends = {RunDir(path.parent).ended() for path in self.run.path.glob("*/config.yaml")}
+        self.client.set_terminated(self.run_id, "FINISHED" if ends == {"ok"} else
+                                   "KILLED" if "interrupted" in ends else "FAILED")
         self.state["finished"] = True
         self._save()
 
@@ -366,7 +363,7 @@ def start(config: dict, run: RunDir, job=None) -> Tracked:
     """A run's MLflow run (a sweep's job: nested in the sweep's), following its epochs as they end. A
     one-line ConfigError where the store cannot be used."""
     parent = RunDir(run.path.parent).read_tracked().get(settings(config)["tracking_uri"]) if job else None
-    tracked = _made(Tracked, run, config, str(job) if job else "/".join(run.path.parts[-2:]), parent)
+    tracked = made(Tracked, run, config, str(job) if job else "/".join(run.path.parts[-2:]), parent)
     tracked.follow()
     return tracked
 
@@ -376,10 +373,10 @@ def start_sweep(config: dict, sweep_dir: Path) -> Tracked:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     overrides = ((config.get("hydra") or {}).get("overrides") or {}).get("task") or []
     swept = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
-    return _made(TrackedSweep, RunDir(sweep_dir), {**config, "sweep": swept}, "/".join(sweep_dir.parts[-2:]))
+    return made(TrackedSweep, RunDir(sweep_dir), {**config, "sweep": swept}, "/".join(sweep_dir.parts[-2:]))
 
 
-def _made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None) -> Tracked:
+def made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None) -> Tracked:
     try:
         return kind(run, config, name, parent)
     except ConfigError:
@@ -387,67 +384,3 @@ def _made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None
     except Exception as exc:  # noqa: BLE001 - MLflow's errors are many: each is one line here
         raise ConfigError(f"mlflow: the run cannot be created at {settings(config)['tracking_uri']} "
                           f"({_short(exc)})") from None
-
-
-def main(argv: list) -> int:
-    """`distrain log DIR... [logger.mlflow.KEY=VALUE ...]`: finished runs and sweeps into MLflow, from
-    what their directories hold; one already logged there is said, not logged again."""
-    import yaml
-
-    dirs, overrides = [a for a in argv if "=" not in a], [a for a in argv if "=" in a and a != "logger=mlflow"]
-    if not dirs or {"-h", "--help"} & set(argv):
-        print("usage: distrain log RUN_OR_SWEEP_DIR... [logger.mlflow.tracking_uri=URI logger.mlflow.experiment=NAME]",
-              file=sys.stderr)
-        return 2
-    keys = {}
-    for override in overrides:
-        key, value = override.split("=", 1)
-        name = key.removeprefix("logger.mlflow.")
-        if not key.startswith("logger.mlflow.") or name not in schema.Mlflow.__dataclass_fields__:
-            print_error(f"{override} is not a key of logger.mlflow ({', '.join(schema.Mlflow.__dataclass_fields__)}):"
-                        " set e.g. logger.mlflow.tracking_uri=http://127.0.0.1:5000")
-            return 2
-        keys[name] = yaml.safe_load(value)
-    try:
-        for path in map(Path, dirs):
-            _log_after(path, keys)
-    except ConfigError as exc:
-        print_error(exc)
-        return 2
-    return 0
-
-
-def _log_after(path: Path, keys: dict) -> None:
-    run = RunDir(path)
-    jobs = sorted((p.parent for p in path.glob("*/config.yaml")), key=lambda p: (len(p.name), p.name))
-    if not run.config.exists() and not jobs:
-        raise ConfigError(f"{path} holds no run or sweep (no config.yaml): give a run's directory "
-                          "(outputs/DATE/TIME) or a sweep's (multirun/DATE/TIME)")
-    if run.config.exists():
-        _log_run(run, keys)
-        return
-    first = _with(RunDir(jobs[0]).read_config(), keys)
-    parent = _made(TrackedSweep, run, {**first, "sweep": {}}, "/".join(path.parts[-2:]))
-    for job in jobs:
-        _log_run(RunDir(job), keys, parent.state)
-    if not parent.state.get("finished"):
-        parent.finish()
-
-
-def _with(config: dict | None, keys: dict) -> dict:
-    config = dict(config or {})
-    logger = dict(config.get("logger") or {})
-    logger["mlflow"] = {**(logger.get("mlflow") or {}), **keys}
-    return {**config, "logger": logger}
-
-
-def _log_run(run: RunDir, keys: dict, parent: dict | None = None) -> None:
-    status = run.read_status()
-    name = f"#{status['job']}" + (f" ({status['swept']})" if status.get("swept") else "") \
-        if "job" in status else "/".join(run.path.parts[-2:])
-    tracked = _made(Tracked, run, _with(run.read_config(), keys), name, parent)
-    if tracked.state.get("finished"):
-        print(f"{run}: logged already ({tracked.where()})", flush=True)
-        return
-    tracked.finish()
-    print(f"{run}: {tracked.where()}", flush=True)
