@@ -15,9 +15,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import RUN_TIMEOUT, MlflowServer, assert_nothing_left, kill_in_epoch_2, run_cli, sweep_cli, while_running
+from distrain.common.rundir import RunDir
+from distrain.config.validate import validate
+from distrain.report import results as report
+from distrain.report import tracking
 
-pytestmark = pytest.mark.slow
+from helpers import (
+    RUN_TIMEOUT,
+    MlflowServer,
+    assert_nothing_left,
+    kill_in_epoch_2,
+    make_cfg,
+    run_cli,
+    sweep_cli,
+    while_running,
+)
+
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.batch_size=64",
         "trainer.verbose=2"]
 DISTRAIN = str(Path(sys.executable).parent / "distrain")
@@ -61,6 +74,7 @@ def same_predictions(model_uri: str, run_dir: Path, uri: str) -> float:
     return float(np.abs(pyfunc - keras).max())
 
 
+@pytest.mark.slow
 def test_a_two_worker_run_killed_restarted_and_resumed_is_one_mlflow_run(server, tmp_path):
     """multi_worker_mirrored on 2 workers, worker-1 killed in epoch 2 (the cluster restarts from its
     checkpoint), then resumed for one epoch more: one MLflow run, each epoch's metrics once, the config
@@ -96,6 +110,7 @@ def test_a_two_worker_run_killed_restarted_and_resumed_is_one_mlflow_run(server,
     assert_nothing_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_parameter_server_run_is_logged_by_its_coordinator_alone(server, tmp_path):
     run_dir = tmp_path / "run"
     done = run_cli(run_dir, *TINY, "strategy=parameter_server", "cluster.workers=2", "cluster.ps=1",
@@ -110,6 +125,7 @@ def test_a_parameter_server_run_is_logged_by_its_coordinator_alone(server, tmp_p
     assert_nothing_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_sweep_is_a_parent_run_with_a_nested_run_per_job(server, tmp_path):
     sweep_dir = tmp_path / "sweep"
     out = sweep_cli(sweep_dir, *TINY, "trainer.epochs=1", "trainer.learning_rate=0.001,0.002",
@@ -128,6 +144,7 @@ def test_a_sweep_is_a_parent_run_with_a_nested_run_per_job(server, tmp_path):
     assert_nothing_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_server_lost_mid_run_costs_a_warning_and_distrain_log_completes_the_run(server, tmp_path):
     """The server stops once the run's MLflow run is made (before its task has started): the run goes on
     to rc 0 with one warning; with the server back, `distrain log RUN` logs the rest (each epoch once, the
@@ -166,6 +183,7 @@ def test_a_server_lost_mid_run_costs_a_warning_and_distrain_log_completes_the_ru
     assert_nothing_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_default_store_needs_no_server_and_a_run_logged_after_the_fact_is_logged_alike(tmp_path):
     """logger=mlflow with no URI: a SQLite store in outputs/. The same run's directory without metrics.csv
     (as a run made with logger=tensorboard has none), logged after the fact, gives the same epochs' metrics
@@ -205,3 +223,50 @@ def test_the_default_store_needs_no_server_and_a_run_logged_after_the_fact_is_lo
     run = client.get_run(tracked(tmp_path / "diverged", uri)["run_id"])
     assert run.info.status == "FAILED" and "NaN" in run.data.tags["error"], run.data.tags
     assert_nothing_left(tmp_path)
+
+
+HISTORY = {"loss": [1.0, 0.5, 0.25], "accuracy": [0.5, 0.7, 0.9], "time_input": [0.1, 0.2, 0.1],
+           "time_steps_seconds": [1.0, 1.0, 1.0], "val_loss": [0.6, 0.3]}
+
+
+@pytest.mark.parametrize("epochs, every, validated", [(3, 2, [2, 3]), (3, 1, [1, 2]), (5, 2, [2])])
+def test_an_epoch_s_row_holds_its_figures_and_its_validation_where_it_validated(epochs, every, validated):
+    """metrics.csv's rows (and what a tracker logs per epoch) from a history: val_* at the epochs that
+    validated (every validate_every-th and the last of `epochs`: a run stopped early validated fewer)."""
+    history = {**HISTORY, "val_loss": HISTORY["val_loss"][:len(validated)]}
+    rows = report.epoch_rows(history, [2.0, 1.0, 4.0], 1000, epochs, every)
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and [r["loss"] for r in rows] == history["loss"]
+    assert [r["epoch"] for r in rows if r["val_loss"] is not None] == validated
+    assert [r["epoch_examples_per_sec"] for r in rows] == [500.0, 1000.0, 250.0]
+    assert all("time_steps_seconds" not in r for r in rows)
+
+
+def test_metrics_csv_is_read_back_as_it_was_written(tmp_path):
+    run = RunDir(tmp_path)
+    rows = report.epoch_rows(HISTORY, [2.0, 1.0, 4.0], 1000, 3, 2)
+    run.write_metrics(rows)
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
+    assert header == "epoch,loss,accuracy,time_input,val_loss,epoch_examples_per_sec"
+    assert run.read_metrics() == [{k: v for k, v in row.items() if v is not None} for row in rows]
+    assert RunDir(tmp_path / "none").read_metrics() is None
+
+
+def test_the_config_is_flattened_to_parameters_mlflow_takes(tmp_path, monkeypatch):
+    params = tracking.flat({"trainer": {"epochs": 3, "tags": {}}, "strategy": {"devices": ["/cpu:0", "/cpu:1"]},
+                            "note": "x" * 7000})
+    assert params == {"trainer.epochs": "3", "trainer.tags": "{}", "strategy.devices": "['/cpu:0', '/cpu:1']",
+                      "note": "x" * tracking.MAX_VALUE}
+    monkeypatch.chdir(tmp_path)
+    found = tracking.settings(validate(make_cfg("logger=mlflow", "model=mlp", "data=synthetic")))
+    assert found["tracking_uri"] == f"sqlite:///{tmp_path}/outputs/mlflow.db" and found["experiment"] == "synthetic-mlp"
+    named = tracking.settings({"logger": {"mlflow": {"tracking_uri": "sqlite:///here.db", "experiment": "e"}}})
+    assert named["tracking_uri"] == f"sqlite:///{tmp_path}/here.db" and named["experiment"] == "e"
+
+
+@pytest.mark.parametrize("chosen, loggers", [("tensorboard", ["tensorboard"]), ("csv", ["csv"]),
+                                             ("[tensorboard,mlflow]", ["tensorboard", "mlflow"]),
+                                             ("many", ["tensorboard", "csv", "mlflow"])])
+def test_the_logger_group_takes_one_option_or_several(chosen, loggers):
+    cfg = validate(make_cfg(f"logger={chosen}"))
+    assert list(cfg.logger) == loggers
+    assert tracking.wanted(cfg) == ("mlflow" in loggers)

@@ -138,8 +138,9 @@ def _tracked_sweep(config):
 
     plain = {k: OmegaConf.to_container(config[k], resolve=True) for k in ("logger", "data", "model")}
     try:
-        return tracking.start_sweep({**plain, "hydra": {"overrides": {"task": list(config.hydra.overrides.task)}}},
-                                    Path(config.hydra.sweep.dir))
+        hydra = {"overrides": {"task": list(config.hydra.overrides.task)},
+                 "sweeper": {"params": OmegaConf.to_container(config.hydra.sweeper.get("params") or {})}}
+        return tracking.start_sweep({**plain, "hydra": hydra}, Path(config.hydra.sweep.dir))
     except ConfigError as exc:
         print_error(exc)
         sys.exit(2)

@@ -150,11 +150,7 @@ class Tracked:
             found = self.client.get_run(self.state["run_id"])
         except Exception:  # noqa: BLE001 - gone from this store (deleted, a new database): a new one
             return False
-        if found.info.lifecycle_stage == "deleted":
-            return False
-        if not self.state.get("finished"):
-            self.client.update_run(self.state["run_id"], "RUNNING")
-        return True
+        return found.info.lifecycle_stage != "deleted"
 
     def _create(self, name: str, parent: dict | None) -> None:
         s = self.settings
@@ -363,22 +359,31 @@ def start(config: dict, run: RunDir, job=None) -> Tracked:
     """A run's MLflow run (a sweep's job: nested in the sweep's), following its epochs as they end. A
     one-line ConfigError where the store cannot be used."""
     parent = RunDir(run.path.parent).read_tracked().get(settings(config)["tracking_uri"]) if job else None
-    tracked = made(Tracked, run, config, str(job) if job else "/".join(run.path.parts[-2:]), parent)
+    tracked = made(Tracked, run, config, str(job) if job else "/".join(run.path.parts[-2:]), parent, live=True)
     tracked.follow()
     return tracked
 
 
 def start_sweep(config: dict, sweep_dir: Path) -> Tracked:
-    """A sweep's parent run, which its jobs find in the sweep directory's mlflow.json."""
+    """A sweep's parent run, which its jobs find in the sweep directory's mlflow.json. Its parameters: the
+    sweep's overrides, and a search's space (hydra.sweeper.params) as search.<key>."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    overrides = ((config.get("hydra") or {}).get("overrides") or {}).get("task") or []
+    hydra = config.get("hydra") or {}
+    overrides = (hydra.get("overrides") or {}).get("task") or []
     swept = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
+    swept |= {f"search.{k}": str(v) for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()}
     return made(TrackedSweep, RunDir(sweep_dir), {**config, "sweep": swept}, "/".join(sweep_dir.parts[-2:]))
 
 
-def made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None) -> Tracked:
+def made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None, live: bool = False) -> Tracked:
+    """The MLflow run of `run` (live: running again, where a resumed run finished it before), or a one-line
+    ConfigError."""
     try:
-        return kind(run, config, name, parent)
+        tracked = kind(run, config, name, parent)
+        if live:
+            tracked.client.update_run(tracked.run_id, "RUNNING")
+            tracked.state["finished"] = False
+        return tracked
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - MLflow's errors are many: each is one line here
