@@ -266,7 +266,7 @@ def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_pat
     sweep_dir = tmp_path / "sweep"
     out = sweep_cli(sweep_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=2",
                     *(o for o in TINY if not o.startswith("data")), "data=tfrecord",
-                    f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*")
+                    f"data.train_files={shards}/train-*", f"data.test_files={shards}/test-*", "logger=mlflow")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert all(json.loads((sweep_dir / str(n) / "results.json").read_text())["data_source"] == "tfrecord"
                for n in (0, 1))
@@ -276,6 +276,15 @@ def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_pat
     rows = read_csv(sweep_dir / "summary.csv")
     assert len(rows) == 2 and {"trainer.learning_rate", "trainer.batch_size"} <= set(rows[0])
     assert "Optuna: best value" in (sweep_dir / "summary.md").read_text()
+    # logger=mlflow (its default store, beside the runs): the search a parent run, each trial nested in it.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/outputs/mlflow.db")
+    parent = client.get_run(json.loads((sweep_dir / "mlflow.json").read_text()).popitem()[1]["run_id"])
+    trials = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert parent.data.metrics["best_value"] == pytest.approx(best["best_value"])
+    assert parent.data.params["search.trainer.batch_size"] == "choice(64, 128, 256)"
+    assert sorted(r.data.metrics["test_accuracy"] for r in trials) == pytest.approx(sorted(accuracies))
     assert_nothing_left(sweep_dir)
 
 

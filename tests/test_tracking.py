@@ -141,13 +141,27 @@ def test_a_sweep_is_a_parent_run_with_a_nested_run_per_job(server, tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs)
     assert {"summary.csv", "summary.md"} <= {a.path for a in client.list_artifacts(parent)}
     assert client.get_run(parent).data.params["trainer.learning_rate"] == "0.001,0.002"
+    # The same sweep logged after the fact (as one made without the logger: no mlflow.json), elsewhere.
+    copy = tmp_path / "copy"
+    shutil.copytree(sweep_dir, copy)
+    for found in copy.rglob("mlflow.json"):
+        found.unlink()
+    done = subprocess.run([DISTRAIN, "log", str(copy), f"logger.mlflow.tracking_uri={server.uri}",
+                           "logger.mlflow.experiment=after"], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = runs_of(client, "after")
+    parent = tracked(copy, server.uri)["run_id"]
+    assert len(after) == 3 and sorted(r.data.tags.get("mlflow.parentRunId") == parent for r in after) == \
+        [False, True, True]
+    assert sorted(steps(client, r.info.run_id, "loss") for r in after) == [[], [1], [1]]
     assert_nothing_left(tmp_path)
 
 
 @pytest.mark.slow
 def test_a_server_lost_mid_run_costs_a_warning_and_distrain_log_completes_the_run(server, tmp_path):
-    """The server stops once the run's MLflow run is made (before its task has started): the run goes on
-    to rc 0 with one warning; with the server back, `distrain log RUN` logs the rest (each epoch once, the
+    """The server stops once the run's task has started (its MLflow run made before): the run goes on to
+    rc 0 with one warning; with the server back, `distrain log RUN` logs the rest (each epoch once, the
     model), and again says it is logged."""
     run_dir = tmp_path / "run"
     args = [*TINY, "trainer.epochs=6", "trainer.steps_per_epoch=100", "logger=mlflow",
@@ -155,8 +169,8 @@ def test_a_server_lost_mid_run_costs_a_warning_and_distrain_log_completes_the_ru
 
     def chaos(run):
         deadline = time.monotonic() + RUN_TIMEOUT
-        while not (run_dir / "mlflow.json").exists():
-            assert run.poll() is None and time.monotonic() < deadline, "no MLflow run made"
+        while not (run_dir / "logs" / "train.log").exists():
+            assert run.poll() is None and time.monotonic() < deadline, "the task never started"
             time.sleep(0.05)
         server.stop()
     try:

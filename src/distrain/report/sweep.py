@@ -138,8 +138,9 @@ def _tracked_sweep(config):
 
     plain = {k: OmegaConf.to_container(config[k], resolve=True) for k in ("logger", "data", "model")}
     try:
+        params = config.hydra.sweeper.get("params")  # (an Optuna search's space)
         hydra = {"overrides": {"task": list(config.hydra.overrides.task)},
-                 "sweeper": {"params": OmegaConf.to_container(config.hydra.sweeper.get("params") or {})}}
+                 "sweeper": {"params": OmegaConf.to_container(params) if params else {}}}
         return tracking.start_sweep({**plain, "hydra": hydra}, Path(config.hydra.sweep.dir))
     except ConfigError as exc:
         print_error(exc)

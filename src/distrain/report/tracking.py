@@ -38,7 +38,8 @@ MAX_VALUE, MAX_PARAMS, MAX_METRICS = 6000, 100, 1000
 MEASURED = {"train_seconds", "seconds_to_first_step", "examples_per_sec", "steps_per_sec", "global_steps",
             "final_train_loss", "input_examples_per_sec", "steps_examples_per_sec", "input_cpu_share",
             "input_cpu_per_example", "model_params", "restarts", "task_restarts", "final_num_workers"}
-STATUS = {"ok": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+# status.json's status -> MLflow's ("running": a launcher killed before it recorded the end)
+STATUS = {"ok": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "running": "KILLED"}
 ARTIFACTS = ["config.yaml", "results.json", "status.json", "metrics.csv", "curves.png", "cluster.json"]
 SWEEP_ARTIFACTS = ["summary.csv", "summary.md", "scaling.png", "optimization_results.yaml", "multirun.yaml"]
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
