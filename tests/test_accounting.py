@@ -100,8 +100,9 @@ def test_the_in_memory_default_is_compute_bound_at_one_epoch_too(tmp_path, capsy
 def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path, monkeypatch, capsys, epochs):
     """Each batch costs the pipeline about 2e9 multiply-adds of CPU (many times the mlp's step on any machine;
     no wait): the run says input, at one epoch as at several, with what each part delivers and the factor.
-    (How close the pipeline alone comes to the run's rate depends on what else shares the cores: not
-    asserted. Control: the tests above, the same data without the cost, say compute.)"""
+    (Whether the pipeline alone is slower than the steps, which it slows on the same cores, depends on what
+    else shares them: the line for either case is checked. Control: the tests above, the same data without
+    the cost, say compute.)"""
     train_split = pipeline.ArraySource.train
     heavy = tf.random.stateless_normal([1024, 1024], seed=[1, 2])
 
@@ -112,11 +113,15 @@ def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path
     results, _ = train(make_cfg(*BUNDLED, "model=mlp", f"trainer.epochs={epochs}", "trainer.steps_per_epoch=12",
                                 "trainer.verbose=0"), tmp_path)
     assert results["bound"] == "input", results["time_split"]
-    assert results["input_examples_per_sec"] < results["steps_examples_per_sec"]
     said = timesplit.verdict(results, make_cfg(*BUNDLED).data)
     alone, steps = results["input_examples_per_sec"], results["steps_examples_per_sec"]
-    assert said == (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
-                    f"{steps:,.0f} (on the same cores): an input that kept up would give at most {steps / alone:.1f}x")
+    if alone < steps:  # (the pipeline alone slower than the steps: the factor a fix could give)
+        assert said == (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
+                        f"{steps:,.0f} (on the same cores): an input that kept up would give at most "
+                        f"{steps / alone:.1f}x")
+    else:  # (the steps slowed as much by the pipeline's CPU on the shared cores: the wait is what is said)
+        assert said == (f"input-bound: waiting for the next batch takes {results['time_split']['input']:.0%} of the "
+                        f"training time (the input pipeline alone delivers {alone:,.0f} examples/s)")
 
 
 @pytest.mark.slow
