@@ -7,8 +7,6 @@ Every multi-process test is bounded in time and checks that no process it caused
 """
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from helpers import (
     RUN_TIMEOUT,
     MlflowServer,
     assert_nothing_left,
+    here,
     kill_in_epoch_2,
     make_cfg,
     run_cli,
@@ -33,7 +32,6 @@ from helpers import (
 
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.batch_size=64",
         "trainer.verbose=2"]
-DISTRAIN = str(Path(sys.executable).parent / "distrain")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +41,11 @@ def server(tmp_path_factory):
     yield found
     found.stop()
     assert_nothing_left(root)
+
+
+def distrain_log(cwd: Path, *args) -> tuple[int, str, str]:
+    """`distrain log ARGS` from cwd, in this process (as the docs' commands run): exit status, stdout, stderr."""
+    return here(cwd, ["log", *map(str, args)])
 
 
 def tracked(run_dir: Path, uri: str) -> dict:
@@ -146,10 +149,9 @@ def test_a_sweep_is_a_parent_run_with_a_nested_run_per_job(server, tmp_path):
     shutil.copytree(sweep_dir, copy)
     for found in copy.rglob("mlflow.json"):
         found.unlink()
-    done = subprocess.run([DISTRAIN, "log", str(copy), f"logger.mlflow.tracking_uri={server.uri}",
-                           "logger.mlflow.experiment=after"], capture_output=True, text=True, timeout=RUN_TIMEOUT,
-                          cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    code, out, err = distrain_log(tmp_path, copy, f"logger.mlflow.tracking_uri={server.uri}",
+                                  "logger.mlflow.experiment=after")
+    assert code == 0, out + err
     after = runs_of(client, "after")
     parent = tracked(copy, server.uri)["run_id"]
     assert len(after) == 3 and sorted(r.data.tags.get("mlflow.parentRunId") == parent for r in after) == \
@@ -183,16 +185,14 @@ def test_a_server_lost_mid_run_costs_a_warning_and_distrain_log_completes_the_ru
     assert f"distrain log {run_dir}" in out
     state = tracked(run_dir, server.uri)
     assert state["epochs_logged"] < 6 and not state.get("finished")
-    done = subprocess.run([DISTRAIN, "log", str(run_dir), f"logger.mlflow.tracking_uri={server.uri}"],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    code, out, err = distrain_log(tmp_path, run_dir, f"logger.mlflow.tracking_uri={server.uri}")
+    assert code == 0, out + err
     client = server.client()
     (run,) = runs_of(client, "lost")
     assert run.info.status == "FINISHED" and steps(client, run.info.run_id, "loss") == [1, 2, 3, 4, 5, 6]
     assert tracked(run_dir, server.uri)["model"]
-    again = subprocess.run([DISTRAIN, "log", str(run_dir), f"logger.mlflow.tracking_uri={server.uri}"],
-                           capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
-    assert again.returncode == 0 and "logged already" in again.stdout, again.stdout + again.stderr
+    code, out, err = distrain_log(tmp_path, run_dir, f"logger.mlflow.tracking_uri={server.uri}")
+    assert code == 0 and "logged already" in out, out + err
     assert len(runs_of(client, "lost")) == 1
     assert_nothing_left(tmp_path)
 
@@ -225,9 +225,8 @@ def test_the_default_store_needs_no_server_and_a_run_logged_after_the_fact_is_lo
             results = json.loads((copy / "results.json").read_text())
             results["history"]["loss"][1] += change
             (copy / "results.json").write_text(json.dumps(results))
-        out = subprocess.run([DISTRAIN, "log", str(copy)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
-                             cwd=tmp_path)
-        assert out.returncode == 0, out.stdout + out.stderr
+        code, out, err = distrain_log(tmp_path, copy)
+        assert code == 0, out + err
         after = tracked(copy, uri)["run_id"]
         assert (history(after) == history(live["run_id"])) == (change is None), name
     assert [s for s, _ in history(live["run_id"])["val_loss"]] == [2, 3]
