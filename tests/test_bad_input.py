@@ -109,6 +109,8 @@ CASES = [
     # ---- loggers ----
     ("logger-typo", ["logger=mlflw"], "logger=mlflw is not an option of logger (csv, many, mlflow, tensorboard): "
      "set e.g. logger=mlflow"),
+    ("logger-list-typo", ["logger=[csv,mlflw]"], "logger=mlflw is not an option of logger (csv, many, mlflow, "
+     "tensorboard): set e.g. logger=mlflow"),
     ("logger-key-typo", ["logger=mlflow", "logger.mlflow.experimnt=x"],
      "logger.mlflow.experimnt is not a key of logger.mlflow: set e.g. logger.mlflow.experiment=digits"),
     ("logger-key-type", ["logger=mlflow", "logger.mlflow.log_model=maybe"],

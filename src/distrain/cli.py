@@ -155,6 +155,13 @@ def _error_line(exc: Exception) -> str:
         options = [line for line in lines[2:] if "=" not in line and not line.endswith(":")]
         close = difflib.get_close_matches(wanted, options, n=1, cutoff=0.5) or options[:1]
         return f"{group}={wanted} is not an option of {group} ({', '.join(options)}): set e.g. {group}={close[0]}"
+    missing = re.search(r"Could not load '([\w/]+)/([^'/]+)'", str(exc))  # (an option of a list: logger=[a,b])
+    if missing:
+        group, wanted = missing.groups()
+        options = sorted({path.stem for base in (Path(CONFIG_DIR), *map(Path, _users_dirs()))
+                          for path in (base / group).glob("*.yaml")})
+        close = difflib.get_close_matches(wanted, options, n=1, cutoff=0.5) or options[:1]
+        return f"{group}={wanted} is not an option of {group} ({', '.join(options)}): set e.g. {group}={close[0]}"
     if isinstance(exc, OverrideParseException):
         return f"cannot read the override {exc.override!r} ({lines[0]}): write key=value, and quote a value " \
                "with brackets or spaces, e.g. 'strategy.devices=[/cpu:0,/cpu:1]'"
