@@ -152,20 +152,21 @@ def _error_line(exc: Exception) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if isinstance(exc, MissingConfigException) and len(lines) > 2 and lines[1].startswith("Available options"):
         group, wanted = lines[1].split("'")[1], lines[0].split("'")[-2].rsplit("/", 1)[-1]
-        options = [line for line in lines[2:] if "=" not in line and not line.endswith(":")]
-        close = difflib.get_close_matches(wanted, options, n=1, cutoff=0.5) or options[:1]
-        return f"{group}={wanted} is not an option of {group} ({', '.join(options)}): set e.g. {group}={close[0]}"
+        return _not_an_option(group, wanted, [line for line in lines[2:] if "=" not in line and not line.endswith(":")])
     missing = re.search(r"Could not load '([\w/]+)/([^'/]+)'", str(exc))  # (an option of a list: logger=[a,b])
     if missing:
         group, wanted = missing.groups()
-        options = sorted({path.stem for base in (Path(CONFIG_DIR), *map(Path, _users_dirs()))
-                          for path in (base / group).glob("*.yaml")})
-        close = difflib.get_close_matches(wanted, options, n=1, cutoff=0.5) or options[:1]
-        return f"{group}={wanted} is not an option of {group} ({', '.join(options)}): set e.g. {group}={close[0]}"
+        return _not_an_option(group, wanted, sorted({path.stem for base in (Path(CONFIG_DIR), *map(Path, _users_dirs()))
+                                                     for path in (base / group).glob("*.yaml")}))
     if isinstance(exc, OverrideParseException):
         return f"cannot read the override {exc.override!r} ({lines[0]}): write key=value, and quote a value " \
                "with brackets or spaces, e.g. 'strategy.devices=[/cpu:0,/cpu:1]'"
     return "; ".join(lines)
+
+
+def _not_an_option(group: str, wanted: str, options: list) -> str:
+    close = difflib.get_close_matches(wanted, options, n=1, cutoff=0.5) or options[:1]
+    return f"{group}={wanted} is not an option of {group} ({', '.join(options)}): set e.g. {group}={close[0]}"
 
 
 # Options of Hydra's command line that take a value (`--cfg job`).

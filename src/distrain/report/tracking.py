@@ -167,14 +167,17 @@ class Tracked:
                       "experiment": parent["experiment"] if parent else s["experiment"],
                       "epochs_logged": 0}
         self._save()
-        params = flat({k: v for k, v in self.config.items() if k != "hydra"})
         from mlflow.entities import Param
 
-        items = [Param(k[:250], v) for k, v in params.items()]
+        items = [Param(k[:250], v) for k, v in self.params().items()]
         for at in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(self.run_id, params=items[at:at + MAX_PARAMS])
         if self.run.config.exists():
             self.client.log_artifact(self.run_id, str(self.run.config))
+
+    def params(self) -> dict:
+        """The MLflow run's parameters: the config, flattened."""
+        return flat({k: v for k, v in self.config.items() if k != "hydra"})
 
     run_id = property(lambda self: self.state["run_id"])
 
@@ -332,12 +335,8 @@ class TrackedSweep(Tracked):
     """A sweep's parent run: the sweep's overrides as parameters; at its end its summary, plot and Optuna's
     best, and FAILED where a job failed."""
 
-    def _create(self, name: str, parent: dict | None) -> None:
-        config, self.config = self.config, dict(self.config.get("sweep") or {})  # its parameters: the overrides
-        try:
-            super()._create(name, parent)
-        finally:
-            self.config = config
+    def params(self) -> dict:
+        return dict(self.config.get("sweep") or {})  # the sweep's overrides and search space (start_sweep)
 
     def where(self) -> str:
         return super().where().replace("mlflow: run", "mlflow: the sweep's run", 1) + ", a run nested in it per job"
