@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left
+from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, here
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-local.sh"
 QUICK = ["model=mlp", "data=synthetic", "data.train_examples=2048", "data.test_examples=256", "trainer.epochs=2",
@@ -154,16 +154,19 @@ def test_evaluate_and_predict_run_on_the_slurm_tasks_as_in_one_process(tmp_path)
     once in order; `distrain evaluate` on 3 (parameter_server) one process's figures."""
     distrain = str(Path(sys.executable).parent / "distrain")
     run = tmp_path / "run"
-    trained = subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.run.dir={run}", *QUICK], capture_output=True,
-                             text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-3000:]
 
     def command(*args, tasks=None):
-        done = subprocess.run([*(["srun", "-n", str(tasks), "--wait=60"] if tasks else []), distrain, *args],
+        """On Slurm's tasks by srun; without tasks, in this process (the one-process references)."""
+        if not tasks:
+            code, out, err = here(tmp_path, list(args))
+            assert code == 0, out[-3000:] + err[-3000:]
+            return out + err
+        done = subprocess.run(["srun", "-n", str(tasks), "--wait=60", distrain, *args],
                               capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path,
                               env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout + done.stderr
+    command(f"hydra.run.dir={run}", *QUICK)
     command("predict", str(run), "out=one.npz")
     said = command("predict", str(run), "strategy=multi_worker_mirrored", "cluster=slurm", "part_size=64",
                    "out=two.npz", tasks=2)
