@@ -67,6 +67,7 @@ LONGEST_FIRST = ["test_docs_run",  # 280 s
                  "test_sweep",  # 70 s
                  "test_slurm",  # 70 s
                  "test_bad_input",  # 55 s
+                 "test_tracking",  # 55 s (alone)
                  "test_files",  # 40 s
                  "test_cli",  # 30 s
                  "test_own_model",  # 26 s
