@@ -12,7 +12,6 @@ Writes benchmarks/results/benchmarks.json (every sample) and benchmarks/results/
 table benchmarks/README.md quotes, with the machine and its CPU features named).
 """
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -23,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
 TRAIN, PLAIN, CEILING = HERE.parent / "train.py", HERE / "plain_keras.py", HERE / "ceiling.py"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
@@ -215,6 +214,21 @@ print(json.dumps({"examples_per_sec": len(x) / (time.perf_counter() - start)}))
 """
 
 
+def write_arrays(images: Path, floats: Path, data: list) -> None:
+    """The training split of `train.py DATA` as the test split of an .npz at `images` (distrain predict's
+    input), and as float arrays for plain Keras at `floats`."""
+    import numpy as np
+
+    sys.path[:0] = [str(SRC), str(HERE.parent / "tests")]
+    from distrain.data import arrays
+
+    from helpers import make_cfg
+
+    (x, y), _ = arrays.load(make_cfg(*data).data, 42)
+    np.savez(images, x_train=x[:10], y_train=y[:10], x_test=x, y_test=y)
+    np.savez(floats, x=x.astype("float32")[..., None] / 255.0)
+
+
 def predict(b: Bench) -> None:
     """`distrain predict` on a trained run's model against plain Keras `predict` on the same arrays
     (the SavedModel loaded, batch 128), and on 2 workers (multi_worker_mirrored); the examples/s each
@@ -226,11 +240,7 @@ def predict(b: Bench) -> None:
     # The training split's images as the test split of an .npz (60,000 with Fashion-MNIST): a window long
     # enough that tracing the predict function is not what is measured
     arrays, images = b.workdir / "plain.npz", b.workdir / "images.npz"
-    b._run([sys.executable, "-c", "import sys, numpy as np; from distrain import data; from helpers import make_cfg; "
-            "(x, y), _ = data.load(make_cfg(*sys.argv[3:]).data, 42); "
-            "np.savez(sys.argv[1], x_train=x[:10], y_train=y[:10], x_test=x, y_test=y); "
-            "np.savez(sys.argv[2], x=x.astype('float32')[..., None] / 255.0)", str(images), str(arrays), *data],
-           env={"PYTHONPATH": str(HERE.parent / "tests")})
+    write_arrays(images, arrays, data)
     data = ["data=npz", f"data.path={images}"]
     n = iter(range(10 ** 6))
 
@@ -300,10 +310,10 @@ def settings(b: Bench) -> None:
 def pipeline(b: Bench) -> None:
     """The tf.data pipeline alone, each strategy's way of reading, against the fastest training measured."""
     os.sched_setaffinity(0, b.cores)
-    sys.path.insert(0, str(HERE.parent / "src"))
+    sys.path.insert(0, str(SRC))
     from omegaconf import OmegaConf
 
-    from distrain.data import arrays as data_lib
+    from distrain.data import arrays
 
     stderr = os.dup(2)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # TensorFlow's start-up lines
@@ -312,7 +322,7 @@ def pipeline(b: Bench) -> None:
 
     from distrain.task.input_pipeline import make_dataset
 
-    (x, y), _ = data_lib.load(OmegaConf.create({"source": "bundled", "name": "mnist"}), 42)
+    (x, y), _ = arrays.load(OmegaConf.create({"source": "bundled", "name": "mnist"}), 42)
     modes = {"global batches (default, mirrored, central_storage)": {"batch_size": 128},
              "a worker's slice of each global batch (multi_worker_mirrored, 2)": {"batch_size": 128, "part": (0, 64)},
              "a worker's own shard (parameter_server, 2 workers)": {"batch_size": 128, "shard": (2, 0)}}
@@ -501,11 +511,10 @@ def files(b: Bench) -> None:
     out = b.workdir / "shards"
     b._run([sys.executable, str(TRAIN), "write-tfrecords", "data.source=bundled", f"out={out}", "shards=8"])
     folder = b.workdir / "folder"
-    sys.path.insert(0, str(HERE.parent / "src"))
     import numpy as np
     from PIL import Image
 
-    with np.load(HERE.parent / "src" / "distrain" / "data" / "mnist-10k.npz") as f:
+    with np.load(SRC / "distrain" / "data" / "mnist-10k.npz") as f:
         images, labels = f["images"], f["labels"]
     order = np.random.default_rng(42).permutation(len(labels))  # as data.source=bundled splits them
     for n, i in enumerate(order):
@@ -607,19 +616,16 @@ def points(a: list, b: list) -> list:
 
 def cpu_features() -> str:
     """What decides the fastest settings: AVX-512, native bfloat16, AMX, and TensorFlow's own oneDNN default."""
-    # distrain's own reading (src/distrain/cpu.py and protocol.py, standard library only), loaded without
-    # the package's __init__, whose import would change this process's environment, which every run inherits.
-    package = types.ModuleType("distrain")
-    package.__path__ = [str(HERE.parent / "src" / "distrain")]
-    sys.modules.setdefault("distrain", package)
-    spec = importlib.util.spec_from_file_location("distrain.cpu", HERE.parent / "src" / "distrain" / "cpu.py")
-    cpu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cpu)
-    flags = cpu.flags()
-    default_on = flags & set(cpu.ONEDNN_DEFAULT_ON)
+    # distrain's own reading (distrain.common.cpu, standard library only), in a process of its own: importing
+    # the package sets environment variables, which every run this process starts would inherit.
+    out, _ = subprocess.run([sys.executable, "-c", "import json; from distrain.common import cpu; "
+                             "print(json.dumps([sorted(cpu.flags()), cpu.ONEDNN_DEFAULT_ON]))"],
+                            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(SRC)}
+                            ).stdout, None
+    flags, default_on = map(set, json.loads(out))
     have = lambda *names: "yes" if flags & set(names) else "no"
     return (f"AVX-512 {have('avx512f')}, AVX512_BF16 {have('avx512_bf16')}, AMX {have('amx_tile', 'amx_bf16')}, "
-            f"TensorFlow's oneDNN default {'on' if default_on else 'off'}")
+            f"TensorFlow's oneDNN default {'on' if flags & default_on else 'off'}")
 
 
 def machine() -> str:

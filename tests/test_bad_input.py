@@ -113,6 +113,9 @@ CASES = [
      "tensorboard): set e.g. logger=mlflow"),
     ("logger-key-typo", ["logger=mlflow", "logger.mlflow.experimnt=x"],
      "logger.mlflow.experimnt is not a key of logger.mlflow: set e.g. logger.mlflow.experiment=digits"),
+    ("logger-key-a-level-up", ["logger=mlflow", "logger.tracking_uri=http://h:5000"],
+     "logger.tracking_uri is not a key of logger: set e.g. logger=mlflow logger.mlflow.tracking_uri="
+     "http://127.0.0.1:5000 (each logger's keys are under its name)"),
     ("logger-key-type", ["logger=mlflow", "logger.mlflow.log_model=maybe"],
      "logger.mlflow.log_model=maybe must be true or false"),
     ("mlflow-unreachable", ["logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9"],

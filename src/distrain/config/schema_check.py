@@ -57,7 +57,7 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
     parent_node = getattr(exc, "parent_node", None)
     if schema is None and "not in struct" in str(exc) and isinstance(parent_node, DictConfig) and "." in full:
         parent = full.rsplit(".", 1)[0]  # a key the option does not have (untyped while composing: OWN groups)
-        close = _close_key(parent, parent_node, name)
+        close = _close_key(parent, parent_node, name) or _deeper_key(parent, name)
         if close:
             return f"{full} is not a key of {parent}: set e.g. {close}"
         takes = f", or add it as +{full}=... if {parent}'s _target_ takes it" if parent_node.get("_target_") else ""
@@ -92,6 +92,18 @@ def _close_key(group: str, node: DictConfig, name: str) -> str:
     fields = [f.name for f in dataclasses.fields(schema)] if schema else []
     close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
     return f"{group}.{close[0]}={_example(schema, close[0])}" if close else ""
+
+
+def _deeper_key(parent: str, name: str) -> str:
+    """`logger.mlflow.tracking_uri=example` (with `logger=mlflow` where that logger is not chosen) for a
+    key of one of the loggers' own nodes given one level too high, else ""."""
+    if parent != "logger":
+        return ""
+    for option, schema in LOGGERS.items():
+        if name in {f.name for f in dataclasses.fields(schema)}:
+            return (f"logger={option} logger.{option}.{name}={_example(schema, name)} (each logger's keys are "
+                    "under its name)")
+    return ""
 
 
 def _defaults(schema) -> dict:
