@@ -31,17 +31,17 @@ def main() -> None:
 
     from distrain.common.rundir import RunDir
     from distrain.config.validate import validate
+    from distrain.data import arrays
     from distrain.task.context import RunContext
     from distrain.task.input_data import load_data
     from distrain.task.metrics import make_loss
-    from distrain.task.training import build, set_precision
+    from distrain.task.setup import set_up, strategy_of
 
-    cfg = cli._compose([], ["trainer.verbose=0", "trainer.save_model=false", *overrides])
-    cfg = validate(cfg)
-    policy = set_precision(cfg.trainer)
-    context = RunContext.of(RunDir(Path("."), cfg), cfg).know_strategy(tf.distribute.get_strategy())
-    data = load_data(cfg, context)
-    model, optimizer, probabilities, _ = build(cfg, data, policy)
+    cfg = validate(cli._compose([], ["trainer.verbose=0", "trainer.save_model=false", *overrides]))
+    cfg.data.source = arrays.resolve_source(cfg.data)[0]  # (as the launcher settles it)
+    strategy = strategy_of(cfg, default=True)  # (one process, the run's devices)
+    context = RunContext.of(RunDir(Path("."), cfg), cfg).know_strategy(strategy)
+    data, model, optimizer, probabilities, policy, _ = set_up(cfg, context, strategy, load_data)
     loss_fn = make_loss(cfg.loss, probabilities)
     batch = cfg.trainer.batch_size
     x, y = next(iter(data.reader(cfg)()))  # one batch of the run's own input, resident from here on

@@ -304,6 +304,9 @@ def finish(proc, timeout=RUN_TIMEOUT):
 def check_evaluations(run_dir, out: str, last: str, epoch: int):
     """The sidecar evaluator evaluated the chief's checkpoints, in order, up to the run's last (`last`, at
     the end of epoch `epoch`), which it evaluated as the run's own test did; then it stopped."""
+    log = run_dir / "logs" / "evaluator-0.log"
+    assert (run_dir / "evaluation.json").exists(), (  # (seen once in 10 beside a CPU hog: its log says why)
+        [line for line in out.splitlines() if line.startswith("[evaluator")], log.exists() and log.read_text()[-3000:])
     evaluations = json.loads((run_dir / "evaluation.json").read_text())["evaluations"]
     assert evaluations[-1]["checkpoint"] == last
     assert [e["epoch"] for e in evaluations] == sorted({e["epoch"] for e in evaluations})

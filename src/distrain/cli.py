@@ -25,7 +25,7 @@ from distrain.common.errors import ConfigError, fail, print_error
 from distrain.common.lifetime import exit_now
 from distrain.common.messages import STARTED
 from distrain.common.rundir import RunDir
-from distrain.config import schema_check as checking
+from distrain.config import schema_check
 from distrain.config.validate import validate
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")  # inside the package: an installed wheel has it
@@ -42,7 +42,7 @@ class JobFailed(Exception):
 def run(cfg: DictConfig) -> float | JobFailed | None:
     """Runs one job; returns trainer.objective of its results (test accuracy by default), which a Hydra
     sweeper such as Optuna optimises."""
-    from distrain.launcher import launch as launcher
+    from distrain.launcher import launch
     from distrain.report import sweep  # here: --help and --cfg job need neither (numpy, ports: 0.25 s of imports)
 
     hydra_cfg = HydraConfig.get()
@@ -52,7 +52,7 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
         apart = sweep.runs_jobs_apart(hydra_cfg.launcher)
         job = sweep.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg), Path(hydra_cfg.sweep.dir) if apart else None)
     code = launch_apart(cfg, run_dir, job, hydra_cfg) if apart else \
-        launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
+        launch.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
     if code in INTERRUPTED and job and not apart:
         print(f"sweep interrupted during job {job}: `distrain summarize {hydra_cfg.sweep.dir}` summarises "
               "the jobs so far", file=sys.stderr, flush=True)
@@ -76,11 +76,11 @@ def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:
     """A sweep's job in a process of its own (sweep.runs_jobs_apart), which hears Ctrl-C for the sweep
     (the sweep's process ignores it): interrupted, it says so to the sweep, whose other jobs stop too.
     Between jobs, the process ignores Ctrl-C again (joblib's workers would die of it)."""
-    from distrain.launcher import launch as launcher
+    from distrain.launcher import launch
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        code = launcher.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
+        code = launch.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
     except KeyboardInterrupt:  # before its tasks started
         RunDir(run_dir).write_status("interrupted", 130, "interrupted by SIGINT", job=job)
         job.say_stopped(signal.SIGINT)
@@ -99,7 +99,7 @@ def _help(root: DictConfig) -> str:
             options.setdefault(str(path.parent.relative_to(base)), {}).setdefault(path.stem, mark)
     groups = "\n".join(f"  {group}: {', '.join(o + mark for o, mark in sorted(found.items()))}"
                        for group, found in sorted(options.items()))
-    keys = checking.describe(root)
+    keys = schema_check.describe(root)
     return f"""distrain: config-driven distributed training for TensorFlow.
 
   distrain [group=option ...] [key=value ...]     one run, e.g. strategy=mirrored
@@ -147,8 +147,8 @@ def _error_line(exc: Exception) -> str:
         option = re.match(r"In '([^']+)': ", str(exc)) if isinstance(exc, ConfigCompositionException) else None
         if option:
             files = [d / f"{option.group(1)}.yaml" for d in (*map(Path, _users_dirs()), Path(CONFIG_DIR))]
-            return f"in {next((f for f in files if f.exists()), option.group(1))}: {checking.explain(cause)}"
-        return checking.explain(cause)
+            return f"in {next((f for f in files if f.exists()), option.group(1))}: {schema_check.explain(cause)}"
+        return schema_check.explain(cause)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if isinstance(exc, MissingConfigException) and len(lines) > 2 and lines[1].startswith("Available options"):
         group, wanted = lines[1].split("'")[1], lines[0].split("'")[-2].rsplit("/", 1)[-1]
@@ -245,13 +245,13 @@ def _tool(command: str, run_dirs: list, flags: list, overrides: list) -> int:
     the overrides a run takes (-m: a,b values make a job each)."""
     asks_help = bool({"-h", "--help"} & set(flags))
     if command in ("evaluate", "predict"):  # the trained model
-        from distrain.inference import commands as inference
+        from distrain.inference import commands
 
-        return inference.main(command, run_dirs + overrides, lambda o: _compose(flags, o), help=asks_help,
+        return commands.main(command, run_dirs + overrides, lambda o: _compose(flags, o), help=asks_help,
                               multirun=bool({"-m", "--multirun"} & set(flags)))
-    from distrain.data import write_tfrecords as tfrecords
+    from distrain.data import write_tfrecords
 
-    return tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
+    return write_tfrecords.main(overrides, lambda o: _compose(flags, o), help=asks_help)
 
 
 TOOLS = ["evaluate", "predict", "write-tfrecords"]  # (the commands that take a run's config: _tool)

@@ -54,17 +54,3 @@ def onednn_env(setting) -> dict:
     """The task's environment for trainer.onednn: the variable (unless TensorFlow's default) and the reason."""
     value, why = onednn_choice(setting)
     return {**({ONEDNN: value} if value is not None else {}), ONEDNN_WHY: why}
-
-
-def onednn_line() -> str:
-    """What the task runs, from TensorFlow itself (started by now), and why."""
-    why = os.environ.get(ONEDNN_WHY) or (f"{ONEDNN}={os.environ[ONEDNN]}" if ONEDNN in os.environ
-                                         else "TensorFlow's default")
-    return f"cpu kernels: {'oneDNN' if onednn_on() else 'Eigen, oneDNN off'} ({why})"
-
-
-def onednn_on() -> bool:
-    """Whether TensorFlow (started in this process) runs its oneDNN kernels."""
-    from tensorflow.python.util import _pywrap_util_port
-
-    return bool(_pywrap_util_port.IsMklEnabled())

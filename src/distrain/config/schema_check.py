@@ -1,4 +1,4 @@
-"""The schema's engine: checks a composed config against the schema (schema.py) and turns what it
+"""The schema's engine: checks a composed config against the schema (schema/) and turns what it
 refuses into one line naming the key, what it must be and a fix; lists every key for --help. No
 TensorFlow here."""
 import dataclasses

@@ -15,8 +15,7 @@ from distrain.common import cpu as cpu_lib
 from distrain.common.errors import ConfigError
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
-from distrain.config import schema
-from distrain.config import schema_check as checking
+from distrain.config import schema, schema_check
 from distrain.config.schema import StrategyName
 
 # ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
@@ -41,7 +40,7 @@ def configured_replicas(strategy: DictConfig, topology: Topology):
 def validate(cfg: DictConfig, model_code: bool = True) -> DictConfig:
     """The checked config (resolved, values of their schema's types), or a one-line ConfigError.
     model_code=False: the model's builder need not be importable (a run's SavedModel holds the model)."""
-    cfg = _renamed(checking.check(cfg))
+    cfg = _renamed(schema_check.check(cfg))
     for group in schema.OWN:
         if cfg[group].get("_target_") and (model_code or group != "model"):
             check_importable(f"{group}._target_", cfg[group]._target_)

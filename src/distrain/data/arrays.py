@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from distrain.common import storage
 from distrain.common.errors import ConfigError
 from distrain.common.lifetime import scratch
-from distrain.config import schema_check as checking
+from distrain.config import schema_check
 from distrain.config.schema import FILE_SOURCES, label
 from distrain.config.validate import instantiate
 from distrain.data.files import not_one_class
@@ -146,7 +146,7 @@ SPLITS = (("x_train", "y_train"), ("x_test", "y_test"))  # each split's arrays, 
 
 def _call_loader(data):
     """A user's loader, called with the data node's other keys: ((x_train, y_train), (x_test, y_test))."""
-    _, own, arguments = checking.split("data", data)  # (the keys distrain reads, the loader's arguments)
+    _, own, arguments = schema_check.split("data", data)  # (the keys distrain reads, the loader's arguments)
     splits = instantiate("data._target_", OmegaConf.create({"_target_": own["_target_"], **arguments}),
                          "it must name a function module.name importable from this directory or PYTHONPATH, "
                          "taking the data node's other keys")

@@ -2,7 +2,7 @@
 and folders of images in class subfolders (data=images). The launcher scans them before any task
 starts: the files there are, how many examples they hold (from the TFRecord record headers alone, no
 decoding), the classes, and one example's shape; bad files are one line naming them. What it finds
-is kept beside the run (data.json), so that the tasks, which stream the files (pipeline.py), read
+is kept beside the run (data.json), so that the tasks, which stream the files (task/input_pipeline.py), read
 none of it again.
 """
 import functools

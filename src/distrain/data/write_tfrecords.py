@@ -17,12 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from distrain.common import storage
 from distrain.common.errors import ConfigError, fail, print_error
 from distrain.config.schema import FILE_SOURCES
-from distrain.data.files import TEXT_KEY
 
 USAGE = ("distrain write-tfrecords [--config-dir DIR] [data=... overrides] out=DIR [shards=N] [encoding=png|raw]   "
          "(e.g. data=npz data.path=x.npz out=data)")
@@ -30,38 +27,11 @@ OPTIONS = ("out", "shards", "encoding")
 
 
 def write(images, labels, out_dir: Path, split: str, shards: int, raw: bool = False, names=None) -> list[Path]:
-    """The images (N, H, W, C) and labels as `shards` files out_dir/{split}-00000-of-0000N.tfrecord, example i
-    in shard i % shards; PNG-encoded, or raw uint8 pixels; names: each label's class name (image/class/text)."""
-    import tensorflow as tf
+    """The images (N, H, W, C) and labels as `shards` files out_dir/{split}-00000-of-0000N.tfrecord
+    (task/records.py writes them, with TensorFlow)."""
+    from distrain.task import records
 
-    if images.dtype != np.uint8:
-        images = np.clip(np.round(images * 255.0), 0, 255).astype(np.uint8)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{split}-{s:05d}-of-{shards:05d}.tfrecord" for s in range(shards)]
-    height, width, channels = images.shape[1:]
-    for shard, path in enumerate(paths):
-        with tf.io.TFRecordWriter(str(path)) as writer:
-            for i in range(shard, len(labels), shards):
-                encoded = images[i].tobytes() if raw else tf.io.encode_png(images[i]).numpy()
-                feature = {"image/encoded": _bytes(encoded), "image/class/label": _ints(int(labels[i])),
-                           "image/height": _ints(height), "image/width": _ints(width),
-                           "image/channels": _ints(channels)}
-                if names:
-                    feature[TEXT_KEY] = _bytes(str(names[int(labels[i])]).encode())
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    return paths
-
-
-def _bytes(value: bytes):
-    import tensorflow as tf
-
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-
-def _ints(value: int):
-    import tensorflow as tf
-
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+    return records.write_shards(images, labels, out_dir, split, shards, raw, names)
 
 
 @contextlib.contextmanager

@@ -23,8 +23,7 @@ from distrain.common import cpu, storage
 from distrain.common.errors import ConfigError, fail, first_line, print_error
 from distrain.common.rundir import RunDir
 from distrain.config import schema
-from distrain.inference import cluster_parts as parts
-from distrain.inference import predictions
+from distrain.inference import cluster_parts, predictions
 
 OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
 FORMATS = (".npz", ".csv", ".tfrecord")
@@ -80,9 +79,11 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
         changed = _data_changed(overrides)
         # The kernels the run trained with (trainer.onednn), in this process's TensorFlow (imported after
         # this) and the cluster's tasks: a fork server this process kept from a run is used again.
+        # (made inside the environment: the cluster's fork server starts with it)
+        clustered = lambda: cluster_parts.Cluster(cfg, run_dir, command) if _clustered(cfg) else \
+            contextlib.nullcontext()
         with environment(cpu.onednn_env(cfg.trainer.onednn)), \
-                tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"), \
-                parts.Cluster(cfg, run_dir, command) if _clustered(cfg) else contextlib.nullcontext() as cluster:
+                tensorflow_lines_to(run_dir / "evaluations", name=f"{command}.log"), clustered() as cluster:
             if command == "evaluate":
                 return evaluate_run(cfg, run_dir, options, changed, cluster)
             return predict_run(cfg, run_dir, options, out, changed, cluster)
@@ -213,110 +214,13 @@ def runs_choices(saved, overrides: list) -> list:
             if OmegaConf.is_dict(saved.get(group)) and saved[group].get("name")]
 
 
-def trained_classes(run_dir: Path) -> list | None:
-    """The trained model's class names (class_names.txt beside its SavedModel), where the data named them."""
-    path = RunDir(run_dir).saved_model / "class_names.txt"
-    return path.read_text().splitlines() if path.is_file() else None
-
-
-def load(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, where=None):
-    """(The data, the model with the run's trained weights compiled with its loss and metrics, whether it
-    outputs probabilities, where the weights came from), under `strategy` (by default the config's, or
-    on a cluster this process's default: parts.py runs the cluster). where: the RunDir whose data.json
-    holds the data files found (by default the run's, for its own data)."""
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from distrain.common.topology import Topology
-    from distrain.config.validate import importable
-    from distrain.data import arrays as data_lib
-    from distrain.task.context import RunContext
-    from distrain.task.input_data import load_test_data
-    from distrain.task.model import check_model, compile_model
-    from distrain.task.optimizer import make_optimizer
-    from distrain.task.strategy import configure_devices, make_strategy
-    from distrain.task.training import build, set_precision, settle_accuracy
-
-    cfg.trainer.steps_per_epoch = 1  # (nothing trains: the training split's size need not fit the batch)
-    if strategy is None:
-        configure_devices(cfg.strategy)
-        strategy = tf.distribute.get_strategy() if Topology.of(cfg).clustered else make_strategy(cfg.strategy)
-    source, _ = data_lib.resolve_source(cfg.data)
-    cfg.data.source = source
-    # The run's data.json holds its own data files; other data is scanned here (a directory with none).
-    where = where or RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
-    trained = RunDir(run_dir).read_results() or {}
-    if "num_classes" in cfg.data and not cfg.data.num_classes and trained.get("num_classes"):
-        cfg.data.num_classes = trained["num_classes"]  # (the model's outputs, whatever labels the test split holds)
-    policy = set_precision(cfg)
-    keras.utils.set_random_seed(cfg.trainer.seed)
-    data = load_test_data(cfg, RunContext.of(where, cfg).know_strategy(strategy), trained_classes(run_dir))
-    if data_changed and getattr(data, "found", None) is not None:  # (files found: how, and their classes)
-        print(f"data: {data.found.how}", flush=True)
-    check_fits(trained, data)
-    saved = RunDir(run_dir).saved_model
-    target = cfg.model.get("_target_")
-    with strategy.scope():
-        if target and not importable(target) and options.get("checkpoint") is None and saved.is_dir():
-            model = keras.models.load_model(str(saved), compile=False)  # (the model whole, without its code)
-            probabilities = check_model(model, data.sample, data.classes, data.labels == "classes")
-            optimizer, _ = make_optimizer(cfg, data.steps, policy)
-            said = f"the SavedModel {saved}, whole: no module of model._target_={target} here"
-        else:
-            model, optimizer, probabilities, _ = build(cfg, data, policy)
-            said = None
-    settle_accuracy(cfg, data, probabilities)
-    said = said or restore(model, run_dir, cfg, options.get("checkpoint"))
-    compile_model(model, optimizer, cfg, probabilities)
-    return data, model, probabilities, said
-
-
-def check_fits(trained: dict, data) -> None:
-    """The data's examples and classes against the trained model's (its results.json), both said."""
-    if trained.get("input_shape") and list(trained["input_shape"]) != list(data.shape):
-        raise ConfigError(f"the data's examples are {tuple(data.shape)}, the model takes "
-                          f"{tuple(trained['input_shape'])}: name data of the shape it was trained on "
-                          "(data.image_size, data.channels)")
-    if trained.get("num_classes") and trained["num_classes"] != data.classes:
-        raise ConfigError(f"the data has {data.classes} classes, the model {trained['num_classes']}: name data of the "
-                          "classes it was trained on (data.num_classes)")
-
-
-def restore(model, run_dir: Path, cfg, checkpoint: str | None) -> str:
-    """The run's trained weights into `model`: its SavedModel's (a finished run), else (or with
-    checkpoint=latest|PATH) a checkpoint's; what they were, in words."""
-    import tensorflow as tf
-    import tf_keras as keras
-
-
-    saved = run_dir / "saved_model"
-    if checkpoint is None and saved.is_dir():
-        loaded = keras.models.load_model(str(saved), compile=False)
-        theirs = loaded.get_weights()
-        if [w.shape for w in theirs] == [w.shape for w in model.get_weights()]:
-            model.set_weights(theirs)
-            return f"the SavedModel {saved}"
-    directory = RunDir(run_dir, cfg).checkpoints
-    path = tf.train.latest_checkpoint(str(directory)) if checkpoint in (None, "latest") else checkpoint
-    if not path or not (Path(path + ".index").exists() or Path(path).with_suffix(".index").exists()):
-        raise ConfigError(f"{'checkpoint=' + checkpoint if checkpoint not in (None, 'latest') else directory} holds no "
-                          f"checkpoint: name one (checkpoint=PATH, e.g. {directory}/ckpt-N), or a run that saved its "
-                          "model (trainer.save_model=true)")
-    try:
-        tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as exc:
-        raise ConfigError(f"checkpoint {path} does not fit the model of the run's config "
-                          f"({first_line(str(exc))}): name a checkpoint of this run") from None
-    return f"checkpoint {path}"
-
-
 def evaluate_run(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=None) -> int:
     """The run's loss and metrics on the data's test split: one line, and evaluations/<name>.json. On a
-    cluster, the tasks compute the outputs (parts.py) and this process the figures from them, as Keras's
+    cluster, the tasks compute the outputs (cluster_parts.py) and this process the figures from them, as Keras's
     evaluate() computes them from its test_step's."""
-    from distrain.task.training import keras_evaluate
+    from distrain.task.inference import evaluate_here, load_trained, score
 
-    data, model, _, said = load(cfg, run_dir, options, data_changed)
+    data, model, _, said = load_trained(cfg, run_dir, options, data_changed)
     if not data.labelled:
         raise ConfigError(f"evaluate needs labels, and {schema.label(cfg.data)} holds inputs alone "
                           f"({_unlabelled(cfg.data)}): give labelled data, or use distrain predict for the outputs")
@@ -327,7 +231,7 @@ def evaluate_run(cfg, run_dir: Path, options: dict, data_changed: bool, cluster=
             return _computed(cluster, data)
         figures = score(model, found["outputs"], found["labels"], cfg.trainer.batch_size)
     else:
-        figures = keras_evaluate(model, data.reader(cfg, training=False)(), data.test_steps(cfg.trainer.batch_size))
+        figures = evaluate_here(cfg, data, model)
     seconds = time.perf_counter() - start
     name = options.get("name") or schema.label(cfg.data)
     found = {"data": schema.label(cfg.data), "data_source": cfg.data.source, "examples": data.test_examples,
@@ -367,20 +271,6 @@ def _unlabelled(data) -> str:
     return f"{data.path} has no y_test or y"
 
 
-def score(model, outputs, labels, batch_size: int) -> dict:
-    """The model's compiled loss and metrics of these outputs and labels, batch by batch as evaluate()
-    takes them (its test_step: compute_loss, then compute_metrics)."""
-    import tensorflow as tf
-
-    model.reset_metrics()
-    figures = {}
-    for i in range(0, len(outputs), batch_size):
-        y, y_pred = tf.constant(labels[i:i + batch_size]), tf.constant(outputs[i:i + batch_size])
-        model.compute_loss(y=y, y_pred=y_pred)
-        figures = model.compute_metrics(None, y, y_pred, None)
-    return {k: np.asarray(v) for k, v in figures.items()}
-
-
 def _clustered(cfg) -> bool:
     from distrain.common.topology import Topology
 
@@ -413,7 +303,9 @@ def predict_run(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool
     """The model's outputs for every example of the data's test split, in order, into out (.npz: the
     outputs as predict() gives them, and each example's index; .csv: a row per example; .tfrecord: an
     Example per input, its index, source and outputs: predictions.py)."""
-    data, model, probabilities, said = load(cfg, run_dir, options, data_changed)
+    from distrain.task.inference import load_trained, predict_here
+
+    data, model, probabilities, said = load_trained(cfg, run_dir, options, data_changed)
     start = time.perf_counter()
     if cluster:
         found, _ = cluster.compute(data, options)
@@ -421,9 +313,7 @@ def predict_run(cfg, run_dir: Path, options: dict, out: Path, data_changed: bool
             return _computed(cluster, data)
         outputs = found["outputs"]
     else:
-        images = data.reader(cfg, training=False)().map(lambda x, y: x)
-        outputs = model.predict(images, steps=data.test_steps(cfg.trainer.batch_size),
-                                verbose=1 if sys.stdout.isatty() else 0)  # (a progress bar)
+        outputs = predict_here(cfg, data, model)
     seconds = time.perf_counter() - start
     outputs = np.asarray(outputs, np.float32)
     if len(outputs) != data.test_examples:  # (each example once: the reader's promise, checked)

@@ -4,7 +4,6 @@ outputs, with the class and probabilities of a classifier's), .tfrecord (an Exam
 command's process, after the outputs are computed."""
 import csv
 import io
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +20,19 @@ def write(out: Path, outputs, data, probabilities: bool) -> None:
         np.savez(buffer, predictions=outputs, index=index)
         storage.write_atomic(out, buffer.getvalue())
     elif out.suffix == ".tfrecord":
-        _tfrecord(out, index, sources(data), outputs)
-    else:
-        import tensorflow as tf
+        from distrain.task import records
 
+        records.write_outputs(out, index, sources(data), outputs)
+    else:
         classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
-        shown = outputs if probabilities or not classes else tf.nn.softmax(outputs).numpy()
+        shown = outputs if probabilities or not classes else softmax(outputs)
         storage.write_atomic(out, _csv(index, sources(data), shown, classes, data.class_names))
+
+
+def softmax(logits):
+    """Probabilities of a classifier's logits (as tf.nn.softmax gives them), in float32."""
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
 def sources(data) -> list:
@@ -41,24 +46,6 @@ def sources(data) -> list:
 
     ends = record_ends(tuple(found.test_files))
     return [f"{path}#{i}" for path, n in zip(found.test_files, np.diff(ends, prepend=0)) for i in range(n)]
-
-
-def _tfrecord(out: Path, index, where: list, outputs) -> None:
-    """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
-    temporary name and renamed (no half file under `out`)."""
-    import tensorflow as tf
-
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    try:
-        with tf.io.TFRecordWriter(str(tmp)) as writer:
-            for i, w, row in zip(index, where, outputs.reshape(len(outputs), -1)):
-                writer.write(tf.train.Example(features=tf.train.Features(feature={
-                    "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
-                    "source": tf.train.Feature(bytes_list=tf.train.BytesList(value=[w.encode()])),
-                    "outputs": tf.train.Feature(float_list=tf.train.FloatList(value=row))})).SerializeToString())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _csv(index, where: list, outputs, classes: bool, names) -> str:

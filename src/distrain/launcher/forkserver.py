@@ -215,15 +215,14 @@ def convert_ahead() -> None:
     autograph keeps them by code object, and the tasks forked from here find them made. Python source
     transformed, no TensorFlow op: nothing a fork must not inherit. Best effort: what is not found here
     is converted by the task as before."""
+    from distrain.common import private
     from distrain.task import metrics, runners, training
 
     try:
-        from tensorflow.python.autograph.core import converter
-        from tensorflow.python.autograph.impl import api
-        from tensorflow.python.checkpoint import functional_saver
-        from tensorflow.python.saved_model import signature_serialization
-        from tf_keras.src.engine.training import Model
-        from tf_keras.src.saving.legacy import saving_utils
+        converter, api = private.get("autograph_converter"), private.get("autograph_api")
+        functional_saver, signature_serialization = private.get("functional_saver"), private.get(
+            "signature_serialization")
+        Model, saving_utils = private.get("keras_model_class"), private.get("keras_saving_utils")  # noqa: N806
 
         # The keys of tf.function's conversions: the function it is given, and the calls in it that Keras
         # converts itself (a loss's call, a metric's update_state and result).

@@ -19,7 +19,7 @@ from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from distrain.common import storage
+from distrain.common import private, storage
 from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.report.results import test_numbers
@@ -64,7 +64,7 @@ def log_session(run: RunDir, config: dict, swept: dict, row: dict | None = None)
     if state in STATUS and state != "running":
         end = plugin_data_pb2.SessionEndInfo(status=STATUS[state], end_time_secs=ended)
         # (the API has no session end: it is made as the API makes its own summaries)
-        summaries.append(hp._summary_pb(metadata.SESSION_END_INFO_TAG,
+        summaries.append(private.get("hparams_summary_pb")(metadata.SESSION_END_INFO_TAG,
                                         plugin_data_pb2.HParamsPluginData(session_end_info=end)))
     _write_events(run.tensorboard / FILE, summaries, wall_time=ended or start)
     return values, results

@@ -8,16 +8,14 @@ from distrain.task.checkpoints import read_position
 from distrain.task.context import RunContext
 from distrain.task.input_data import load_data
 from distrain.task.model import compile_model
-from distrain.task.training import build, set_precision, settle_accuracy
+from distrain.task.setup import set_up
 
 
 def evaluate_checkpoints(cfg, context: RunContext) -> dict:
     """Evaluate each checkpoint the chief writes, until the run's last (the last epoch's, or the one a
     callback stopped training at), with the model and data the training builds."""
     t, run = cfg.trainer, context.run
-    data = load_data(cfg, context)
-    model, optimizer, probabilities, _ = build(cfg, data, set_precision(cfg))
-    settle_accuracy(cfg, data, probabilities)
+    data, model, optimizer, probabilities, _, _ = set_up(cfg, context, tf.distribute.get_strategy(), load_data)
     compile_model(model, optimizer, cfg, probabilities)
     test_ds = data.reader(cfg, training=False)()
     directory = run.checkpoints

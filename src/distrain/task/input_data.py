@@ -1,6 +1,6 @@
 """What a task trains on: the data loaded once, as arrays in memory (Arrays) or files streamed (Files),
 one interface for both (TrainingData): its shape and classes, the global steps of an epoch, a sample for the model's
-checks, and the readers (pipeline.py) of its training, validation and test splits."""
+checks, and the readers (input_pipeline.py) of its training, validation and test splits."""
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -8,8 +8,7 @@ import numpy as np
 from distrain.common.errors import ConfigError
 from distrain.config import schema
 from distrain.config.validate import check_batch_divides
-from distrain.data import arrays as data_lib
-from distrain.data import files
+from distrain.data import arrays, files
 from distrain.data.files import FileData
 from distrain.task.context import RunContext
 from distrain.task.input_pipeline import InputReader, array_reader, file_reader
@@ -31,7 +30,7 @@ class TrainingData(Protocol):
     labelled: bool  # False: inputs alone (predict's new data), their labels 0
 
     def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
-        """The reader of a split (pipeline.py)."""
+        """The reader of a split (input_pipeline.py)."""
 
     def test_steps(self, batch_size: int) -> int | None:
         """Batches of the test split for Keras's evaluate (None: it counts them itself)."""
@@ -110,10 +109,10 @@ def load_data(cfg, context: RunContext) -> TrainingData:
         found = files.from_json(content) if content else files.scan(cfg.data, t.seed)
         return Files(found, _steps(t, found.train_examples), file_reader(found, cfg).source.sample())
     reads = schema.labels_read(cfg.loss, cfg.data)
-    (x_train, y_train), (x_test, y_test) = data_lib.load(cfg.data, t.seed, reads)
-    labels = reads or data_lib.labels_of(y_train)
+    (x_train, y_train), (x_test, y_test) = arrays.load(cfg.data, t.seed, reads)
+    labels = reads or arrays.labels_of(y_train)
     check_labels(cfg.loss, y_train)
-    classes = data_lib.num_classes(cfg.data, (y_train, y_test), labels == "classes")
+    classes = arrays.num_classes(cfg.data, (y_train, y_test), labels == "classes")
     x_val = y_val = None
     if cfg.data.get("validation_split"):  # the last examples, as fit(validation_split) holds them out
         cut = len(y_train) - max(1, round(len(y_train) * cfg.data.validation_split))
@@ -133,14 +132,14 @@ def load_test_data(cfg, context: RunContext, known: list | None = None) -> Train
                                                                      known=known)
         return Files(found, 1, file_reader(found, cfg).source.sample())
     reads = schema.labels_read(cfg.loss, cfg.data)
-    x, y = data_lib.load_test(cfg.data, cfg.trainer.seed, reads)
+    x, y = arrays.load_test(cfg.data, cfg.trainer.seed, reads)
     labelled = y is not None
     if not labelled and not cfg.data.get("num_classes"):
         raise ConfigError("the data holds inputs alone: set data.num_classes (the model's outputs)")
-    labels = reads or (data_lib.labels_of(y) if labelled else "classes" if cfg.data.num_classes > 1 else "values")
+    labels = reads or (arrays.labels_of(y) if labelled else "classes" if cfg.data.num_classes > 1 else "values")
     if not labelled:
         y = np.zeros(len(x), np.int32) if labels == "classes" else np.zeros((len(x), 1), np.float32)
-    classes = data_lib.num_classes(cfg.data, (y,), labels == "classes")
+    classes = arrays.num_classes(cfg.data, (y,), labels == "classes")
     return Arrays(x[:2], y[:2], x, y, classes, 1, labels, labelled=labelled, class_names=_names(cfg.data))
 
 

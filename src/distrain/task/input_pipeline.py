@@ -1,7 +1,7 @@
 """The input pipelines: every tf.data dataset a run trains or evaluates on is built here, by the
 InputReader, which turns a source (ArraySource, FileSource: the examples, and how to decode them) and
 a tf.distribute.InputContext into the dataset of one input pipeline (as Model Garden's InputReader
-does). data.py loads the arrays without TensorFlow.
+does). data/arrays.py loads the arrays without TensorFlow.
 """
 import glob
 import os
@@ -50,8 +50,8 @@ class InputReader:
     (a resumed synchronous run). topology (context.Topology): under parameter servers each worker reads
     its own shard, a batch per step of its own; synchronous pipelines each read their part of every
     global batch, one per-replica batch per element. examples: [(start, stop), ...], the test examples of
-    these ranges alone, in order (the parts of a clustered evaluate or predict a task computes: parts.py),
-    batched within each range where the ranges are whole batches."""
+    these ranges alone, in order (the parts of a clustered evaluate or predict a task computes:
+    inference/cluster_parts.py), batched within each range where the ranges are whole batches."""
 
     def __init__(self, source, cfg, *, training: bool = True, skip: int = 0, topology=None, examples=None):
         self.source, self.cfg, self.training, self.skip = source, cfg, training, skip
@@ -395,7 +395,7 @@ def make_dataset(images, labels, batch_size, *, seed, shuffle_buffer=0, repeat=F
     cache: nothing is decoded twice.
     """
     n = n or len(labels)  # n: when images and labels are tensors of a size known only when they run
-    images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)  # (int32 class labels: data.py)
+    images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)  # (int32 class labels: data/arrays.py)
     ds = tf.data.Dataset.range(n)
     if shard is not None:
         ds = ds.shard(*shard)

@@ -74,7 +74,7 @@ def train_here(cfg, context: RunContext) -> dict:
     # TensorFlow starts here: while the ps and worker tasks start theirs, not after.
     from distrain.config.targets import check_arguments
     from distrain.task.input_pipeline import bad_data
-    from distrain.task.strategy import configure_devices, make_strategy
+    from distrain.task.setup import strategy_of
     from distrain.task.training import train
     from distrain.task.worker_idx import unreadable_on_worker
 
@@ -82,8 +82,7 @@ def train_here(cfg, context: RunContext) -> dict:
     check_arguments(cfg)  # each _target_ given only what it takes: before any device, peer or data
     if context.task and context.topology.parameter_servers:  # the coordinator: up once its ps and workers are
         cluster_lib.wait_for_peers(cluster_lib.peers(context.cluster, context.task))
-    configure_devices(cfg.strategy)
-    strategy = make_strategy(cfg.strategy, context, cfg.cluster.peer_timeout if context.task else None)
+    strategy = strategy_of(cfg, context, cfg.cluster.peer_timeout if context.task else None)
     context.know_strategy(strategy)
     if context.task:
         say_ready(context.task)

@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from distrain.common import cpu as cpu_lib
+from distrain.common import private
 from distrain.common.errors import ConfigError
 from distrain.config.schema import MWMS, PS, StrategyName
 from distrain.config.validate import UNSHARDABLE, missing_device
@@ -125,9 +126,8 @@ def watch_heartbeats(cluster_spec, seconds: float) -> None:
     our heartbeat timeout: a worker that stops answering (hung, frozen, cut off) aborts the
     collectives of the others after that long. TensorFlow has no public setting for it; the strategy
     keeps a service configured before it is built."""
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
+    coordination_config_pb2, multi_worker_util = private.get("coordination_config"), private.get("multi_worker_util")
+    context = private.get("eager_context")
 
     jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
             for job in ("chief", "worker") if job in cluster_spec.jobs]

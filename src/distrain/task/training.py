@@ -1,57 +1,34 @@
-"""The training loop, as wiring: strategy, data, model, runner, the epochs, evaluation, saved artefacts.
-The pieces live in their own modules: inputs.py (the data a task trains on, and its readers),
-runners.py (the steps and how they are called), checkpoints.py, model.py, report.py."""
+"""The training loop, as wiring: the task set up (setup.py), its runner, the epochs, evaluation, saved
+artefacts. The pieces live in their own modules: input_data.py (the data a task trains on, and its
+readers), runners.py (the steps and how they are called), checkpoints.py, model.py, and report/results.py."""
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import tensorflow as tf
 import tf_keras as keras
 
-from distrain.common import cpu, storage
+from distrain.common import private, storage
 from distrain.common.errors import ConfigError, Diverged, first_line
 from distrain.common.lifetime import Preempted, Preemption, scratch
 from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.config.validate import instantiate_as
-from distrain.data import arrays as data_lib
+from distrain.data import arrays
 from distrain.report import results as report
 from distrain.report.timesplit import PARTS, probe_seconds, read_alone
 from distrain.task.checkpoints import Checkpoints, Progress, joined, resized_line, resume, segments
 from distrain.task.context import RunContext
 from distrain.task.input_data import TrainingData, load_data
-from distrain.task.metrics import (
-    Tally,
-    check_loss,
-    check_metrics_read_the_outputs,
-    make_loss,
-    make_metrics,
-    pick_accuracy,
-)
-from distrain.task.model import build_model, check_model, compile_model, rebuilt_from_config
-from distrain.task.optimizer import make_optimizer, plain_keras
+from distrain.task.metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics
+from distrain.task.model import compile_model, rebuilt_from_config
+from distrain.task.optimizer import plain_keras
 from distrain.task.profiling import Profile
 from distrain.task.runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps, whole_weights
-from distrain.task.strategy import configure_devices, gpu_capabilities, gpu_peak_mib, make_strategy, precision_policy
+from distrain.task.setup import build, onednn_on, set_up, strategy_of
+from distrain.task.strategy import gpu_peak_mib
 from distrain.task.worker_idx import train_file_hashes
-
-
-def set_precision(cfg, announce: bool = False) -> str:
-    """Sets Keras's dtype policy for trainer.mixed_precision on this machine's devices and returns it;
-    `announce` says which and why, and on a CPU what trainer.jit_compile costs."""
-    t = cfg.trainer
-    policy, why = precision_policy(t.mixed_precision, sharded=bool(cfg.strategy.get("variable_partitioner")))
-    keras.mixed_precision.set_global_policy(policy)
-    if announce:
-        print(f"precision: {policy} ({why})", flush=True)
-        print(cpu.onednn_line(), flush=True)
-    if announce and t.jit_compile and not gpu_capabilities():
-        print("warning: trainer.jit_compile=true on a CPU: XLA's CPU kernels run this model several times slower "
-              "than TensorFlow's own (oneDNN), under plain Keras too (benchmarks/run.py measures it); XLA is for "
-              "GPUs", flush=True)
-    return policy
 
 
 def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
@@ -61,19 +38,13 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     One loop for every strategy: an epoch is a series of calls to a tf.function of a few training steps,
     which synchronous strategies call in every worker alike (gradients all-reduced inside the step), and
     a parameter-server coordinator schedules on whichever worker is free. The runner is what differs."""
-    if strategy is None:
-        configure_devices(cfg.strategy)
-        strategy = make_strategy(cfg.strategy)
+    strategy = strategy or strategy_of(cfg)
     context = context or RunContext.of(RunDir(run_dir, cfg), cfg).know_strategy(strategy)
     t, chief, run = cfg.trainer, context.chief, context.run
-    policy = set_precision(cfg, announce=bool(t.verbose) and chief)
-    keras.utils.set_random_seed(t.seed)
-    data = load_data(cfg, context)
-    with strategy.scope():
-        model, optimizer, probabilities, optimizer_line = build(cfg, data, policy)
-    picked = settle_accuracy(cfg, data, probabilities)
+    data, model, optimizer, probabilities, policy, lines = set_up(cfg, context, strategy, load_data,
+                                                                  announce=bool(t.verbose) and chief)
     if t.verbose and chief:
-        print("\n".join(filter(None, [picked, optimizer_line])), flush=True)
+        print("\n".join(lines), flush=True)
     # Every worker of a synchronous cluster must checkpoint (saving reads replicated variables together),
     # but only the chief's checkpoints are kept.
     out = run if chief else RunDir(tempfile.mkdtemp(prefix="distrain-worker-", dir=scratch()), {"trainer": {}})
@@ -127,37 +98,10 @@ def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities
     return trained, test, facts
 
 
-class Built(NamedTuple):
-    """What build() makes, in the current strategy's scope."""
-    model: keras.Model
-    optimizer: keras.optimizers.Optimizer
-    probabilities: bool  # the model outputs probabilities (else logits)
-    optimizer_line: str  # the optimizer and its learning rate, in words
-
-
-def build(cfg, data: TrainingData, policy: str) -> Built:
-    """The model and its optimizer, built and checked against the data (the loss is checked against the
-    outputs where the training step is made: make_runner)."""
-    model = build_model(cfg.model, data.shape, data.classes)
-    # (The forward pass builds a subclassed model's variables.)
-    probabilities = check_model(model, data.sample, data.classes, data.labels == "classes")
-    optimizer, line = make_optimizer(cfg, data.steps, policy)
-    optimizer.build(model.trainable_variables)
-    return Built(model, optimizer, probabilities, line)
-
-
-def settle_accuracy(cfg, data: TrainingData, probabilities: bool) -> str:
-    """Sets cfg.metrics' `auto` entries to the accuracy Keras's "accuracy" picks for these labels and
-    outputs, known once the model is built (before anything compiles or makes metrics); the line that
-    says which, or ""."""
-    cfg.metrics, picked = pick_accuracy(cfg.get("metrics"), data.labels, probabilities)
-    return picked
-
-
 def about(model, probabilities: bool, policy: str) -> dict:
     """The model's size and outputs, and what it computed with (results.json)."""
     return {"model_params": model.count_params(), "model_outputs": "probabilities" if probabilities else "logits",
-            "precision_policy": policy, "onednn": cpu.onednn_on(), "tensorflow_version": tf.__version__,
+            "precision_policy": policy, "onednn": onednn_on(), "tensorflow_version": tf.__version__,
             **({"gpu_peak_mib": gpus} if (gpus := gpu_peak_mib()) else {})}  # (the chief's own GPUs)
 
 
@@ -206,7 +150,7 @@ def per_worker_dataset(strategy, context: RunContext, data: TrainingData, cfg):
         return lambda: strategy.distribute_datasets_from_function(train)
     source = cfg.data
     if source.source != "idx" and context.topology.local:
-        source = data_lib.TemporaryIdx(data.x_train, data.y_train)  # a local cluster: its workers read the same disk
+        source = arrays.TemporaryIdx(data.x_train, data.y_train)  # a local cluster: its workers read the same disk
     train = data.reader(cfg, topology=context.topology, idx_files=source,
                    expect=train_file_hashes(source))  # of the coordinator's copy, for the workers'
     return lambda: strategy.distribute_datasets_from_function(train)
@@ -221,10 +165,8 @@ def save_model(model, path: Path, class_names=None, include_optimizer: bool = Tr
     of CPU less, measured), with the serving signature Keras would give it."""
     try:
         if rebuilt_from_config(model):
-            from tf_keras.src.saving.legacy.saved_model.save_impl import default_save_signature
-
             model.save(str(path), include_optimizer=include_optimizer, save_traces=False,
-                       signatures=default_save_signature(model))
+                       signatures=private.get("default_save_signature")(model))
         else:
             model.save(str(path), include_optimizer=include_optimizer)
         if class_names:

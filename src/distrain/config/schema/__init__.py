@@ -4,9 +4,9 @@ keys.py is its language (a key, the ranges, the names configs compare against); 
 run runs (trainer, strategy, cluster); task.py what it learns (model, data, optimizer, schedule, loss);
 logger.py where its figures go besides its directory.
 Each option is registered here in Hydra's ConfigStore as `schema/<group>/<option>`, and the YAML file
-of that option (conf/<group>/<option>.yaml) extends it. checking.py checks a composed config against
+of that option (conf/<group>/<option>.yaml) extends it. schema_check.py checks a composed config against
 it and explains what it refuses (and lists the keys for --help); checks that relate several keys live
-in config.py. No TensorFlow here: bad input fails in about a second.
+in validate.py. No TensorFlow here: bad input fails in about a second.
 """
 from dataclasses import dataclass
 from typing import Any
@@ -75,9 +75,9 @@ class Root:
     optimizer: Any = None
     schedule: Any = None
     loss: Any = None
-    metrics: Any = None  # {name: {_target_: a tf_keras metric class, its arguments}}: checked by checking.py
+    metrics: Any = None  # {name: {_target_: a tf_keras metric class, its arguments}}: checked by schema_check.py
     callbacks: Any = None  # {name: {_target_: a tf_keras callback class, its arguments}}: the same
-    logger: Any = None  # {name: its keys}, names of LOGGERS: checked by checking.py
+    logger: Any = None  # {name: its keys}, names of LOGGERS: checked by schema_check.py
 
 
 # group -> option -> schema. A YAML option extends one of these (its `defaults:` names it).

@@ -54,7 +54,8 @@ class DataSource(StrEnum):  # str() and f-strings give the name
     images = "images"
 
 
-FILE_SOURCES = (DataSource.tfrecord, DataSource.images)  # streamed from files (files.py, pipeline.py), never loaded
+# streamed from files (data/files.py, task/input_pipeline.py), never loaded
+FILE_SOURCES = (DataSource.tfrecord, DataSource.images)
 
 
 class StrategyName(StrEnum):  # the strategy group's options; compare names with these, not with strings
