@@ -618,10 +618,9 @@ def cpu_features() -> str:
     """What decides the fastest settings: AVX-512, native bfloat16, AMX, and TensorFlow's own oneDNN default."""
     # distrain's own reading (distrain.common.cpu, standard library only), in a process of its own: importing
     # the package sets environment variables, which every run this process starts would inherit.
-    out, _ = subprocess.run([sys.executable, "-c", "import json; from distrain.common import cpu; "
-                             "print(json.dumps([sorted(cpu.flags()), cpu.ONEDNN_DEFAULT_ON]))"],
-                            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(SRC)}
-                            ).stdout, None
+    out = subprocess.run([sys.executable, "-c", "import json; from distrain.common import cpu; "
+                          "print(json.dumps([sorted(cpu.flags()), cpu.ONEDNN_DEFAULT_ON]))"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
     flags, default_on = map(set, json.loads(out))
     have = lambda *names: "yes" if flags & set(names) else "no"
     return (f"AVX-512 {have('avx512f')}, AVX512_BF16 {have('avx512_bf16')}, AMX {have('amx_tile', 'amx_bf16')}, "

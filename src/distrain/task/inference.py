@@ -106,24 +106,26 @@ def load_trained(cfg, run_dir: Path, options: dict, data_changed: bool, strategy
         cfg.data.num_classes = trained["num_classes"]  # (the model's outputs, whatever labels the test split holds)
     saved = RunDir(run_dir).saved_model
     target = cfg.model.get("_target_")
-    said = []
+    # The SavedModel whole where the model's code is not here (and no checkpoint is named).
+    loads_whole = bool(target and not importable(target) and options.get("checkpoint") is None and saved.is_dir())
 
-    def whole(data, policy) -> Built | None:
-        """The data checked against the model; the SavedModel whole where the model's code is not here."""
+    def read(cfg, context):
+        """The test data, checked against the trained model's inputs and classes."""
+        data = load_test_data(cfg, context.know_strategy(strategy), trained_classes(run_dir))
         if data_changed and getattr(data, "found", None) is not None:  # (files found: how, and their classes)
             print(f"data: {data.found.how}", flush=True)
         check_fits(trained, data)
-        if not (target and not importable(target) and options.get("checkpoint") is None and saved.is_dir()):
-            return None
+        return data
+
+    def whole(data, policy) -> Built:
         model = keras.models.load_model(str(saved), compile=False)  # (the model whole, without its code)
-        said.append(f"the SavedModel {saved}, whole: no module of model._target_={target} here")
         return Built(model, make_optimizer(cfg, data.steps, policy)[0],
                      check_model(model, data.sample, data.classes, data.labels == "classes"), "")
 
-    read = lambda cfg, context: load_test_data(cfg, context.know_strategy(strategy), trained_classes(run_dir))
     data, model, optimizer, probabilities, _, _ = set_up(cfg, RunContext.of(where, cfg), strategy, read,
-                                                         whole=whole)
-    said = said[0] if said else restore(model, run_dir, cfg, options.get("checkpoint"))
+                                                         whole=whole if loads_whole else None)
+    said = f"the SavedModel {saved}, whole: no module of model._target_={target} here" if loads_whole else \
+        restore(model, run_dir, cfg, options.get("checkpoint"))
     compile_model(model, optimizer, cfg, probabilities)
     return data, model, probabilities, said
 

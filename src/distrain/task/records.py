@@ -39,6 +39,10 @@ def _ints(value: int):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
 
 
+def _floats(values):
+    return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+
+
 def write_outputs(out: Path, index, where: list, outputs) -> None:
     """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
     temporary name and renamed (no half file under `out`)."""
@@ -46,12 +50,8 @@ def write_outputs(out: Path, index, where: list, outputs) -> None:
     try:
         with tf.io.TFRecordWriter(str(tmp)) as writer:
             for i, w, row in zip(index, where, outputs.reshape(len(outputs), -1)):
-                writer.write(tf.train.Example(features=tf.train.Features(feature={
-                    "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
-                    "source": tf.train.Feature(bytes_list=tf.train.BytesList(value=[w.encode()])),
-                    "outputs": tf.train.Feature(float_list=tf.train.FloatList(value=row))})).SerializeToString())
+                feature = {"index": _ints(int(i)), "source": _bytes(w.encode()), "outputs": _floats(row)}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-
-

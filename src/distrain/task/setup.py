@@ -95,12 +95,12 @@ def set_up(cfg, context, strategy, read: Callable, announce: bool = False,
            whole: Callable | None = None) -> Task:
     """The task's precision (said where `announce`), seed, data (`read(cfg, context)`: input_data's
     load_data or load_test_data), and in the strategy's scope its model and optimizer: `whole(data,
-    policy)`'s Built (a model loaded whole), or built from the config where it gives None."""
+    policy)`'s Built (a model loaded whole), or built from the config where no `whole` is given."""
     policy = set_precision(cfg, announce)
     keras.utils.set_random_seed(cfg.trainer.seed)
     data = read(cfg, context)
     with strategy.scope():
-        built = (whole and whole(data, policy)) or build(cfg, data, policy)
+        built = whole(data, policy) if whole else build(cfg, data, policy)
     picked = settle_accuracy(cfg, data, built.probabilities)
     return Task(data, built.model, built.optimizer, built.probabilities, policy,
                 [line for line in (picked, built.optimizer_line) if line])
