@@ -20,8 +20,6 @@ TASK_SIDE = "task"  # the one folder whose modules may import TensorFlow
 ELSEWHERE = {
     "distrain.data.arrays": "data.source=keras loads through Keras's own downloader (tf_keras.datasets), in the "
                             "process that loads the arrays",
-    "distrain.common.lifetime": "Preemption.watch, called by a task: a multi_worker_mirrored cluster's workers agree "
-                                "on the step to stop at through TensorFlow's PreemptionCheckpointHandler",
     "distrain.report.mlflow_model": "the MLflow model loads the SavedModel with tf_keras in MLflow's serving "
                                     "process, where distrain is not installed",
 }

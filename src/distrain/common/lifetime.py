@@ -1,15 +1,12 @@
-"""What a run's child processes do about their lifetime: none outlives the launcher, none leaves its
-temporary files behind, and a training task stops cleanly on SIGTERM (TensorFlow only for the handler
-multi_worker_mirrored needs)."""
+"""What a run's child processes do about their lifetime: none outlives the launcher and none leaves its
+temporary files behind (a training task's SIGTERM: task/preemption.py). No TensorFlow."""
 import atexit
 import contextlib
 import ctypes
 import gc
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 
 from distrain.common.messages import HEARTBEAT, SCRATCH
@@ -42,6 +39,11 @@ def kept_for_good():
 _CLEANUPS = []  # what a task removes as it ends, exit_now() or not
 
 
+def on_exit(cleanup) -> None:
+    """Run `cleanup` as this task ends, exit_now() or not."""
+    _CLEANUPS.append(cleanup)
+
+
 def exit_now(code: int):
     """End this task process with `code` once its output is flushed and its temporary files are gone,
     skipping the interpreter's shutdown: with TensorFlow loaded that costs about a second of CPU and,
@@ -62,65 +64,6 @@ def scratch() -> str | None:
     """Where a task keeps temporary files: its run's scratch directory, which the launcher removes even
     when a task is killed; else (None: a task started without the launcher) the system's."""
     return os.environ.get(SCRATCH)
-
-
-class Preempted(Exception):
-    """SIGTERM stopped training at a step boundary (its checkpoint saved, where checkpoints are on).
-    mid_epoch: within an epoch (a progress bar's line is still open)."""
-
-    def __init__(self, global_step: int, mid_epoch: bool = False):
-        super().__init__(global_step)
-        self.mid_epoch = mid_epoch
-
-
-class _Agreed(Exception):
-    """TensorFlow's preemption handler: every worker has reached the step agreed to stop at."""
-
-
-class Preemption:
-    """SIGTERM, as a preempted machine or the launcher stopping the run sends it: the step under way
-    finishes, a checkpoint of it is saved, and the task exits, so a resume starts from that step.
-
-    multi_worker_mirrored workers must all stop at the same step: there TensorFlow's
-    PreemptionCheckpointHandler takes SIGTERM and agrees on the step through the cluster's coordination
-    service (no collective per step). Its own save is left empty: the training loop saves the run's
-    checkpoint, with its position, once due() says so on every worker alike."""
-    requested = False
-    _handler = None
-
-    @classmethod
-    def watch(cls, strategy=None) -> None:
-        """strategy: a MultiWorkerMirroredStrategy, whose workers agree on the step; else SIGTERM is
-        this process's own business."""
-        if strategy is None:
-            signal.signal(signal.SIGTERM, cls._request)
-            return
-        import tensorflow as tf
-
-        bookkeeping = tempfile.mkdtemp(prefix="distrain-preemption-", dir=scratch())  # the handler's; nothing is saved
-        _CLEANUPS.append(lambda: shutil.rmtree(bookkeeping, ignore_errors=True))
-        cls._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
-            strategy.cluster_resolver, tf.train.Checkpoint(), checkpoint_dir=os.path.join(bookkeeping, "agreement"),
-            termination_config=tf.distribute.experimental.TerminationConfig(
-                exit_fn=cls._agree, save_fn=lambda *args, **kwargs: None))
-
-    @classmethod
-    def due(cls) -> bool:
-        """Whether to stop after the step just run. Call it after every training call, on every worker."""
-        if cls._handler is not None and not cls.requested:
-            try:
-                cls._handler.save_checkpoint_if_preempted()
-            except _Agreed:
-                cls.requested = True
-        return cls.requested
-
-    @classmethod
-    def _request(cls, signum, frame) -> None:
-        cls.requested = True
-
-    @staticmethod
-    def _agree() -> None:
-        raise _Agreed()
 
 
 class Heartbeat:

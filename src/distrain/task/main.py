@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from distrain.common import cluster as cluster_lib
 from distrain.common import storage
 from distrain.common.errors import FINAL, ConfigError, PeerLost, fail, print_error
-from distrain.common.lifetime import Preempted, Preemption, die_with_parent
+from distrain.common.lifetime import die_with_parent
 from distrain.common.messages import RESTARTS_CLUSTER, say_ready
 from distrain.common.rundir import RunDir
 from distrain.common.stacks import answer_stack_requests
@@ -24,6 +24,7 @@ from distrain.common.topology import Topology
 from distrain.report import results as report
 from distrain.report import timesplit
 from distrain.task.context import RunContext
+from distrain.task.preemption import Preempted, Preemption
 
 
 def main(argv=None) -> int:

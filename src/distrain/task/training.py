@@ -11,7 +11,7 @@ import tf_keras as keras
 
 from distrain.common import private, storage
 from distrain.common.errors import ConfigError, Diverged, first_line
-from distrain.common.lifetime import Preempted, Preemption, scratch
+from distrain.common.lifetime import scratch
 from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.config.validate import instantiate_as
@@ -24,6 +24,7 @@ from distrain.task.input_data import TrainingData, load_data
 from distrain.task.metrics import Tally, check_loss, check_metrics_read_the_outputs, make_loss, make_metrics
 from distrain.task.model import compile_model, rebuilt_from_config
 from distrain.task.optimizer import plain_keras
+from distrain.task.preemption import Preempted, Preemption
 from distrain.task.profiling import Profile
 from distrain.task.runners import KEPT, AsyncEpochs, SyncEpochs, make_train_steps, whole_weights
 from distrain.task.setup import build, onednn_on, set_up, strategy_of
