@@ -38,7 +38,7 @@ def main() -> None:
     from distrain.task.setup import set_up, strategy_of
 
     cfg = validate(cli._compose([], ["trainer.verbose=0", "trainer.save_model=false", *overrides]))
-    cfg.data.source = arrays.resolve_source(cfg.data)[0]  # (as the launcher settles it)
+    arrays.settle_source(cfg)  # (as the launcher settles it)
     strategy = strategy_of(cfg, default=True)  # (one process, the run's devices)
     context = RunContext.of(RunDir(Path("."), cfg), cfg).know_strategy(strategy)
     data, model, optimizer, probabilities, policy, _ = set_up(cfg, context, strategy, load_data)

@@ -199,33 +199,33 @@ def test_a_task_the_kernel_kills_for_memory_is_said_to_be_out_of_memory(tmp_path
 
 
 def test_stacks_of_a_run_that_ended_or_of_no_run_is_one_line(tmp_path, capsys, monkeypatch):
-    from distrain.common import stacks
+    from distrain.launcher import stalls
 
-    assert stacks.main([str(tmp_path)]) == 2
+    assert stalls.main([str(tmp_path)]) == 2
     assert f"error: {tmp_path} holds no distrain run (no config.yaml)" in capsys.readouterr().err
     (tmp_path / "config.yaml").write_text("trainer: {}\n")
     (tmp_path / "status.json").write_text(json.dumps({"status": "ok", "exit_status": 0}))
-    assert stacks.main([str(tmp_path)]) == 2
+    assert stalls.main([str(tmp_path)]) == 2
     assert f"error: the run in {tmp_path} has ended (ok): stacks are of a run still going" in capsys.readouterr().err
     (tmp_path / "status.json").write_text(json.dumps({"status": "running"}))  # its launcher killed: none answers
     (tmp_path / "logs").mkdir()
-    monkeypatch.setattr(stacks, "WAIT_SECONDS", 0.3)
-    assert stacks.main([str(tmp_path)]) == 2
+    monkeypatch.setattr(stalls, "WAIT_SECONDS", 0.3)
+    assert stalls.main([str(tmp_path)]) == 2
     assert "no launcher answered for the run in" in capsys.readouterr().err
-    assert not (tmp_path / "logs" / stacks.REQUEST).exists()  # its request taken back
+    assert not (tmp_path / "logs" / stalls.REQUEST).exists()  # its request taken back
 
 
 def test_where_a_task_waits_is_said_by_what_it_waits_for():
     """A one-process run's step has no peers to wait for; a synchronous worker's does (the control), and a
     coordinator waits for the workers' steps."""
-    from distrain.common import stacks
+    from distrain.launcher import stalls
 
     dump = ('Current thread 0x00007f (most recent call first):\n'
             '  File "/site/distrain/task/runners.py", line 160 in run\n'
             '  File "/site/distrain/task/training.py", line 380 in train_epoch\n'
             '  File "/site/distrain/task/main.py", line 40 in main\n')
-    assert stacks.where(dump, "none") == "is in a training step"
-    assert stacks.where(dump, "workers") == \
+    assert stalls.where(dump, "none") == "is in a training step"
+    assert stalls.where(dump, "workers") == \
         "waits in a training step (the gradients' all-reduce, waiting for its peers)"
-    assert stacks.where(dump, "ps") == "is waiting for the workers' steps"
-    assert stacks.summary({"train": (12, dump)}, "none") == "train is in a training step at step 12"
+    assert stalls.where(dump, "ps") == "is waiting for the workers' steps"
+    assert stalls.summary({"train": (12, dump)}, "none") == "train is in a training step at step 12"

@@ -286,3 +286,31 @@ def test_a_tasks_topology_comes_from_its_cluster():
     mwms = make_cfg("strategy=multi_worker_mirrored")
     assert Topology.of(mwms, {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}).workers == 3
     assert Topology.of(mwms, {}) == Topology()  # a process alone (a test's in-process run)
+
+
+@pytest.mark.parametrize("task, job, role", [
+    (None, None, "train"), (None, {"parts": []}, "compute parts"),
+    (("worker", 0), None, "serve"), (("ps", 0), {"parts": []}, "serve"), (("chief", 0), None, "train"),
+    (("chief", 0), {"parts": []}, "compute parts"), (("evaluator", 0), None, "evaluate checkpoints"),
+])
+def test_a_task_process_has_one_role_by_its_place_and_its_job(task, job, role):
+    """task.main's one entry point: what a task does, from where it stands (under parameter servers, or a
+    process alone) and whether evaluate or predict gave it parts (job.json)."""
+    from types import SimpleNamespace
+
+    from distrain.task.main import role as role_of
+
+    context = SimpleNamespace(task=cluster.Task(*task, "127.0.0.1:1") if task else None,
+                              topology=Topology(parameter_servers=task is not None, clustered=task is not None))
+    assert role_of(context, job) == role
+
+
+def test_servers_end_with_their_chief_on_slurm_and_under_evaluate_elsewhere():
+    """A training's servers on a manual cluster serve chiefs in turn; evaluate's end with its command."""
+    from distrain.task.main import serves_until_chief_gone
+
+    manual = make_cfg("strategy=parameter_server", "cluster=manual", "cluster.ps_hosts=[10.0.0.1:2222]",
+                      "cluster.worker_hosts=[10.0.0.2:2222]", "cluster.chief_host=10.0.0.3:2222")
+    slurm, local = make_cfg("strategy=parameter_server", "cluster=slurm"), make_cfg("strategy=parameter_server")
+    assert [serves_until_chief_gone(cfg, job) for cfg in (manual, slurm, local) for job in (None, {})] == [
+        False, True, True, True, False, False]

@@ -115,3 +115,17 @@ def test_a_resume_may_change_the_workers_and_replicas_and_nothing_else_of_the_ru
     assert (cfg.cluster.workers, cfg.trainer.epochs, cfg.trainer.resume) == (1, 20, True)
     with pytest.raises(ConfigError, match="trainer.batch_size=64 contradicts the run being resumed"):
         resumed(make_cfg("strategy=multi_worker_mirrored", "trainer.batch_size=64"), run, ["trainer.batch_size=64"])
+
+
+def test_overrides_are_read_as_hydra_reads_them():
+    """config/overrides.py: the key of an added or deleted key, Hydra's escapes undone, a sweep's jobs."""
+    from distrain.config import overrides
+
+    assert overrides.keys_of(["+trainer.foo=1", "~logger", "model=mlp", "hydra/launcher=joblib"]) == [
+        "trainer.foo", "logger", "model", "hydra/launcher"]
+    assert overrides.split("strategy.device=/gpu\\:7") == ("strategy.device", "/gpu:7")
+    assert overrides.split("not an override=[") == ("not an override", "[")  # (a label: as it is)
+    jobs, varied = overrides.combinations(["cluster.workers=1,2", "model=mlp", "trainer.epochs=1,3"])
+    assert varied == ["cluster.workers", "trainer.epochs"] and len(jobs) == 4
+    assert jobs[1] == ["cluster.workers=1", "model=mlp", "trainer.epochs=3"]
+    assert overrides.swept_keys(["a=1,2", "b=3"]) == {"a"} and overrides.swept_keys(["a=[,"]) == set()

@@ -18,8 +18,8 @@ from sybil.parsers.markdown import CodeBlockParser
 
 from distrain import cli
 from distrain.common.errors import ConfigError
+from distrain.config.overrides import combinations
 from distrain.config.validate import check_objective, validate
-from distrain.inference import commands as inference
 
 from helpers import ROOT
 
@@ -93,12 +93,12 @@ def check(args: list, cwd: Path) -> str:
         overrides = [o for o in overrides if o.split("=", 1)[0] not in ("out", "shards", "encoding")]
     if {"--help", "-h", "--hydra-help"} & set(flags):
         return ""  # (test_cli: --help answers from the composed config)
-    combinations, _ = inference.sweep_overrides(overrides)  # (the jobs a sweep of them makes)
+    jobs, _ = combinations(overrides)  # (the jobs a sweep of them makes)
     old = os.getcwd()
     os.chdir(cwd)
     sys.path.insert(0, str(cwd))
     try:
-        for combination in combinations:
+        for combination in jobs:
             cfg = validate(cli._compose(flags, list(combination)))
             if {"-m", "--multirun"} & set(flags):
                 check_objective(cfg)

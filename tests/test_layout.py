@@ -207,3 +207,46 @@ def test_the_named_files_check_finds_a_file_that_moved(tmp_path):
     (tmp_path / "src" / "pkg").mkdir(parents=True)
     (tmp_path / "src" / "pkg" / "input_pipeline.py").write_text('"""Reads pipeline.py, input_pipeline.py."""\n')
     assert named_files_missing(tmp_path / "src", tmp_path) == ["src/pkg/input_pipeline.py:1: pipeline.py"]
+
+
+def importers(root: Path, wanted) -> set:
+    """The modules under root (src/: distrain and its Hydra plugins) that import, at any depth, a module
+    `wanted` says yes to."""
+    return {module_name(path, root / path.relative_to(root).parts[0]) for path in root.glob("**/*.py")
+            if any(wanted(m) for m in imports_anywhere(path))}
+
+
+PARSER = "hydra.core.override_parser.overrides_parser"  # (its types, which name a sweep's values, are not it)
+
+
+def test_overrides_are_parsed_in_one_module():
+    """Hydra's override parser is used by config/overrides.py alone: the launcher, the sweep's summary,
+    evaluate's and predict's sweeps and the Optuna sweeper read an override one way."""
+    assert importers(PACKAGE.parent, lambda m: m == PARSER) == {"distrain.config.overrides"}
+
+
+def above_common(package: Path) -> dict:
+    """{module of common/: the modules of the folders above it that it imports, at any depth}."""
+    above = ("config", "data", "inference", "launcher", "report", "task", "cli")
+    found = {module_name(path, package): sorted(m for m in imports_anywhere(path)
+                                                 if m.split(".")[:2] in (["distrain", a] for a in above))
+             for path in (package / "common").glob("*.py")}
+    return {k: v for k, v in found.items() if v}
+
+
+def test_common_imports_nothing_of_the_folders_above_it():
+    """common/ is the bottom layer: both sides use it, and it uses neither (nor config, data, report)."""
+    assert above_common(PACKAGE) == {}
+
+
+def test_the_one_module_checks_find_another(tmp_path):
+    """The controls: a second module that parses overrides is named, and so is a common module that
+    imports one of report/ inside a function."""
+    (tmp_path / "distrain" / "config").mkdir(parents=True)
+    (tmp_path / "distrain" / "common").mkdir()
+    (tmp_path / "distrain" / "config" / "overrides.py").write_text(f"from {PARSER} import OverridesParser\n")
+    (tmp_path / "distrain" / "sweep.py").write_text(f"def f():\n    from {PARSER} import OverridesParser\n")
+    assert importers(tmp_path, lambda m: m == PARSER) == {"distrain.config.overrides", "distrain.sweep"}
+    (tmp_path / "distrain" / "common" / "rundir.py").write_text("def f():\n    from distrain.report import results\n")
+    (tmp_path / "distrain" / "common" / "cpu.py").write_text("from distrain.common import storage\n")
+    assert above_common(tmp_path / "distrain") == {"distrain.common.rundir": ["distrain.report"]}

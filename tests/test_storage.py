@@ -29,7 +29,8 @@ WRITTEN_IN_PLACE = {"common/storage.py": "the atomic write itself",
                     "common/cluster.py": "core locks, which hold nothing",
                     "data/arrays.py": "a download to .part, then renamed",
                     "report/plots.py": "a picture to .tmp.png, then renamed",
-                    "common/stacks.py": "a task's step and stacks in the scratch directory, read by the launcher alone"}
+                    "common/stacks.py": "a task's step and stacks in the scratch directory, read by the launcher alone",
+                    "launcher/stalls.py": "the empty file a task's stacks are dumped into, in the scratch directory"}
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic", "data.train_examples=1024",
          "data.test_examples=256", "trainer.batch_size=64", "trainer.verbose=2"]  # 16 steps an epoch

@@ -5,8 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from distrain.common.rundir import RunDir
-from distrain.launcher import launch as launcher
-from distrain.launcher import supervisor
+from distrain.launcher import cluster_tasks, supervisor
 from distrain.launcher.restarts import (
     DEPARTED,
     FAIL,
@@ -96,7 +95,7 @@ def test_each_task_of_a_local_cluster_gets_its_kinds_state(strategy, states):
     cfg = make_cfg(f"strategy={strategy}", "cluster.workers=2", "cluster.evaluator=true",
                    *(["cluster.ps=1"] if strategy == "parameter_server" else []))
     net = SimpleNamespace(wrap=lambda argv: argv)
-    _, tasks = launcher._cluster_tasks(cfg, ["python"], net, [0, 1], 1, forks=None)
+    _, tasks = cluster_tasks.cluster_tasks(cfg, ["python"], net, [0, 1], 1, forks=None, evaluator=True)
     assert {t.name: (t.alone, t.essential, t.main) for t in tasks} == states
 
 

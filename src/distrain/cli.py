@@ -26,6 +26,7 @@ from distrain.common.lifetime import exit_now
 from distrain.common.messages import STARTED
 from distrain.common.rundir import RunDir
 from distrain.config import schema_check
+from distrain.config.overrides import split
 from distrain.config.validate import validate
 
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")  # inside the package: an installed wheel has it
@@ -286,7 +287,7 @@ def _command() -> tuple[str | None, list]:
 def _unwritten(exc: OSError, command: str | None, overrides: list) -> str:
     """The line of what a command could not write: a full disk, a run directory, a command's own file."""
     if storage.is_full(exc):
-        named = [o.split("=", 1)[1] for o in overrides if o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+        named = [split(o)[1] for o in overrides if o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
         where = exc.filename or (named or ["."])[-1]  # (Hydra's own writes name no file)
         return storage.full_disk_line(Path(os.path.abspath(where)), None, started=False)
     if command:  # (evaluate, predict, write-tfrecords: their own files)
@@ -308,9 +309,9 @@ def main() -> None:
 
         sys.exit(log_after.main(sys.argv[2:]))
     if sys.argv[1:2] == ["stacks"]:
-        from distrain.common import stacks
+        from distrain.launcher import stalls
 
-        sys.exit(stacks.main(sys.argv[2:]))
+        sys.exit(stalls.main(sys.argv[2:]))
     # Hydra raises its errors to us instead of printing them, so that each is one line; a user who sets
     # HYDRA_FULL_ERROR=1 gets the traceback instead.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"

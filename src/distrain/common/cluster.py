@@ -21,7 +21,7 @@ from pathlib import Path
 import portpicker
 
 from distrain.common.errors import ConfigError
-from distrain.config.schema import MWMS, PS
+from distrain.common.topology import MWMS, PS
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 

@@ -8,6 +8,7 @@
     metrics.csv     a row per epoch (logger=csv, mlflow)        (the chief)
     mlflow.json     its MLflow run, and the epochs logged there (the tracker: the launcher of the chief)
     data.json       data in files: the files, their examples and classes (the launcher)
+    job.json        a clustered evaluate's or predict's parts, in its directory (the command)
     logs/           a log per task
     checkpoints/    or trainer.checkpoint_dir                   (the chief)
     saved_model/, tensorboard/
@@ -22,11 +23,10 @@ from pathlib import Path
 import yaml
 
 from distrain.common import storage
-from distrain.report import results as report
 
 CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION, DATA = "config.yaml", "status.json", "results.json", "cluster.json", \
     "evaluation.json", "data.json"
-METRICS, TRACKED = "metrics.csv", "mlflow.json"
+METRICS, TRACKED, JOB = "metrics.csv", "mlflow.json", "job.json"
 
 
 def write_json(path: Path, content: dict) -> Path:
@@ -64,6 +64,7 @@ class RunDir:
     evaluation = property(lambda self: self.path / EVALUATION)
     metrics = property(lambda self: self.path / METRICS)
     tracked = property(lambda self: self.path / TRACKED)
+    job = property(lambda self: self.path / JOB)
     data = property(lambda self: self.path / DATA)  # data in files: what the launcher found (files.FileData)
     logs = property(lambda self: self.path / "logs")  # a log per task, and the fork server's
     saved_model = property(lambda self: self.path / "saved_model")
@@ -180,17 +181,11 @@ class RunDir:
     def read_data(self) -> dict | None:
         return read_json(self.data)
 
+    def write_job(self, job: dict) -> Path:
+        return write_json(self.job, job)
+
+    def read_job(self) -> dict | None:
+        return read_json(self.job)
+
     def write_evaluation(self, evaluations: dict) -> Path:
         return write_json(self.evaluation, evaluations)
-
-    def earlier_run(self) -> str | None:
-        """The run here, in words ("ended ok at global step 744"), or None if none was started here."""
-        if not self.config.exists():
-            return None
-        status, results = self.ended(), self.read_results() or {}
-        how = {"ok": "ended ok", "failed": "failed", "interrupted": "was interrupted", "restarting": "was restarting"}
-        words = how.get(status, "was stopped before it recorded how it ended")
-        if status == "ok" and "global_steps" in results:
-            words += f" at global step {results['global_steps']}, {report.headline(results)}"
-        latest = self.latest_checkpoint()
-        return words + (f"; its latest checkpoint is {latest}" if latest and status != "ok" else "")

@@ -1,11 +1,23 @@
 """The Topology: the shape of a run, decided once (the launcher's from the config, a task's from its
 cluster too). Every module asks it whether the run is synchronous or under parameter servers, on this
-machine or several, and how many workers train, instead of comparing strategy names or types. Both
-sides use it: no TensorFlow."""
+machine or several, and how many workers train, instead of comparing strategy names or types; and the
+strategies' names themselves (the config's strategy group takes them from here). Both sides use it: no
+TensorFlow."""
 from dataclasses import dataclass
+from enum import StrEnum
 
-from distrain.config.schema import CLUSTER_STRATEGIES, PS
 
+class StrategyName(StrEnum):  # the strategy group's options; compare names with these, not with strings
+    default = "default"
+    one_device = "one_device"
+    mirrored = "mirrored"
+    central_storage = "central_storage"
+    multi_worker_mirrored = "multi_worker_mirrored"
+    parameter_server = "parameter_server"
+
+
+MWMS, PS = StrategyName.multi_worker_mirrored, StrategyName.parameter_server
+CLUSTER_STRATEGIES = (MWMS, PS)  # the strategies whose tasks come from the cluster group
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 

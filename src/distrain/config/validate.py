@@ -11,11 +11,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from distrain.common import cpu as cpu_lib
+from distrain.common import cpu
 from distrain.common.errors import ConfigError
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
 from distrain.config import schema, schema_check
+from distrain.config.overrides import keys_of
 from distrain.config.schema import StrategyName
 
 # ${distrain.mul:a,b} in a config: a times b, e.g. a global batch that grows with the workers
@@ -187,7 +188,7 @@ def check_devices_present(strategy: DictConfig) -> None:
     """A device the config names that this machine surely lacks, found before TensorFlow starts (seconds
     sooner): a GPU where no NVIDIA driver lists one, a CPU beyond strategy.cpu_virtual_devices. Where
     GPUs are present, and for names this does not read, the task checks with TensorFlow's own list."""
-    if cpu_lib.has_gpu():
+    if cpu.has_gpu():
         return
     have = [f"/cpu:{i}" for i in range(max(1, strategy.get("cpu_virtual_devices") or 0))]
     for name in [strategy.get("device"), strategy.get("parameter_device"), *(strategy.get("devices") or [])]:
@@ -374,7 +375,7 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
                           "set hydra.run.dir to the run directory to resume, e.g. outputs/DATE/TIME")
     check_same_run(cfg, saved, saved_path, overrides)
     merged = OmegaConf.merge(saved, {"trainer": {"resume": True}})
-    for key in override_keys(overrides):
+    for key in keys_of(overrides):
         if key in RESUME_MAY_CHANGE:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key))
     if not RunDir(run_dir, merged).has_checkpoint():
@@ -386,7 +387,7 @@ def resumed(cfg: DictConfig, run_dir: Path, overrides: list) -> DictConfig:
 def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrides: list) -> None:
     """A ConfigError if one of this command's overrides contradicts the run whose config, `saved`, is at
     saved_path (but for the keys a resume may change)."""
-    for override, key in zip(overrides, override_keys(overrides)):
+    for override, key in zip(overrides, keys_of(overrides)):
         if key.startswith("hydra") or key in RESUME_MAY_CHANGE:
             continue
         mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(saved, key)
@@ -396,6 +397,3 @@ def check_same_run(cfg: DictConfig, saved: DictConfig, saved_path: Path, overrid
             raise ConfigError(f"{override} contradicts the run being resumed, which has {theirs!r} there "
                               f"({saved_path}): drop the override, or start a new run without trainer.resume")
 
-
-def override_keys(overrides: list) -> list:
-    return [override.split("=", 1)[0].lstrip("+~") for override in overrides]

@@ -40,6 +40,13 @@ def keras_cache(name: str) -> Path:
     return keras_home() / "datasets" / ("mnist.npz" if name == "mnist" else "fashion-mnist")
 
 
+def settle_source(cfg) -> str:
+    """cfg.data.source made concrete where it is auto, in place (the launcher's, evaluate's, a benchmark's
+    config: one rule for all); why that source, in words."""
+    cfg.data.source, why = resolve_source(cfg.data)
+    return why
+
+
 def resolve_source(data) -> tuple[str, str]:
     """For source=auto: the concrete source to use, and why."""
     if data.source != "auto":

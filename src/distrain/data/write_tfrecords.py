@@ -90,16 +90,15 @@ def main(argv: list, compose, help: bool = False) -> int:
 
 def _write(cfg, out: Path, shards: int, raw: bool) -> int:
     from distrain.config.validate import validate
-    from distrain.data import arrays as data
+    from distrain.data import arrays
 
     try:
         cfg = validate(cfg)
         if cfg.data.source in FILE_SOURCES:
             raise ConfigError(f"data={cfg.data.name} is in files already: write-tfrecords takes an array source "
                               "(bundled, keras, idx, npz, a loader, synthetic)")
-        source, _ = data.resolve_source(cfg.data)
-        cfg.data.source = source
-        (x_train, y_train), (x_test, y_test) = data.load(cfg.data, cfg.trainer.seed)
+        arrays.settle_source(cfg)
+        (x_train, y_train), (x_test, y_test) = arrays.load(cfg.data, cfg.trainer.seed)
     except ConfigError as exc:
         return fail(exc)
     for split, (x, y) in (("train", (x_train, y_train)), ("test", (x_test, y_test))):

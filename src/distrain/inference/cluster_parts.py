@@ -27,10 +27,9 @@ from distrain.common.errors import ConfigError, print_error
 from distrain.common.messages import error_line
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
-from distrain.launcher import forkserver
+from distrain.launcher import cluster_tasks
 from distrain.launcher.launch import scratch_dir
-from distrain.launcher.restarts import Restarts
-from distrain.launcher.supervisor import Outcome, TaskProcess, run_tasks
+from distrain.launcher.supervisor import Outcome
 
 PART_BATCHES = 16  # a part's batches at most by default: a restart redoes at most this much of a task's work
 
@@ -93,12 +92,10 @@ class Cluster:
             self.spec, self.task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
         place = self.run_dir / "evaluations" / command
         self.where = RunDir(place / self.task.name if self.task else place, cfg)
-        self.net = self.forks = None
 
     def __enter__(self):
         if self.task is None:
-            self.net = cluster_lib.PrivateNetwork.shared(enabled=self.cfg.cluster.isolate is not False)
-            self.forks = forkserver.shared(self.where.log("forkserver"), self.net.wrap)
+            cluster_tasks.start_ahead(self.cfg, self.where)
         self._scratch = scratch_dir()
         self._scratch.__enter__()
         return self
@@ -134,12 +131,12 @@ class Cluster:
         found = getattr(data, "found", None)
         if found is not None:  # (the tasks read the files without scanning them again)
             where.write_data(found.to_json())
-        storage.write_atomic(where / "job.json", json.dumps({**job, "parts_dir": str(directory.resolve())}))
+        where.write_job({**job, "parts_dir": str(directory.resolve())})
         start, merged = time.perf_counter(), None
         try:
             if self.task is not None and self.task.type != "evaluator" and Topology.of(cfg).synchronous:
                 self._meet(directory / "markers")
-            outcome = self._run([sys.executable, "-m", "distrain.task.inference", str(where.path)])
+            outcome = self._run([sys.executable, "-m", "distrain.task", str(where.config)])
             if outcome.status == "interrupted":  # (Ctrl-C, SIGTERM: the command ends, as a run does)
                 print_error(outcome.error)
                 raise SystemExit(outcome.code)
@@ -204,32 +201,13 @@ class Cluster:
             time.sleep(0.5)
 
     def _run(self, argv: list) -> Outcome:
-        """The tasks, supervised as a training's are (supervisor.run_tasks): a worker that dies is
-        restarted alone, up to cluster.max_restarts times; a parameter server that dies restarts them all
-        (its copy of the model is gone), and they go on with the parts not written yet. On a cluster
-        spread over machines, this machine's task alone."""
-        cfg, where = self.cfg, self.where
-        c, topology = cfg.cluster, Topology.of(cfg)
-        # (elsewhere, a task is not restarted: the same command again goes on with the parts not written)
-        restarts = Restarts(c.get("max_restarts", 0), c.get("restart_window", 0))
-        if self.task is not None and self.task.type == "evaluator":
+        """The tasks, run as a training's are (cluster_tasks.py), but that each worker computes parts of its
+        own: a worker that dies is restarted alone, up to cluster.max_restarts times; a parameter server
+        that dies restarts them all (its copy of the model is gone), and they go on with the parts not
+        written yet. On a cluster spread over machines, this machine's task alone (not restarted: the same
+        command again goes on with the parts not written)."""
+        if self.task is None:
+            return cluster_tasks.run_local(self.cfg, self.where, argv, independent_workers=True)
+        if self.task.type == "evaluator":
             return Outcome(0, "ok")  # (an evaluator has nothing to compute)
-        while True:
-            spec = self.spec or cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
-            mine = [self.task] if self.task else [cluster_lib.Task(kind, i, address) for kind, addresses in spec.items()
-                                                  for i, address in enumerate(addresses)]
-            tasks = []
-            for task in mine:
-                env = cluster_lib.task_env(spec, task) if self.task else \
-                    {**cluster_lib.task_env(spec, task), **cluster_lib.thread_caps(task.type, c.workers)}
-                serves = topology.parameter_servers and task.type != "chief"
-                tasks.append(TaskProcess(task.name, self.net.wrap(argv) if self.net else argv, env,
-                                         main=not serves or self.task is not None, alone=task.type == "worker",
-                                         quiet=task.name not in ("chief-0", "worker-0"), task=task,
-                                         restarts=restarts.per_task[task.name], forks=self.forks))
-            outcome = run_tasks(tasks, where, startup_timeout=c.startup_timeout, restarts=restarts,
-                                on_change=lambda status, spec=spec, tasks=tasks: where.write_cluster(
-                                    {"strategy": cfg.strategy.name, "status": status, "cluster": spec,
-                                     "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]}))
-            if not outcome.restart:
-                return outcome
+        return cluster_tasks.run_this_task(self.cfg, self.where, argv, self.spec, self.task)

@@ -23,6 +23,7 @@ from distrain.common import cpu, storage
 from distrain.common.errors import ConfigError, fail, first_line, print_error
 from distrain.common.rundir import RunDir
 from distrain.config import schema
+from distrain.config.overrides import combinations, keys_of, split
 from distrain.inference import cluster_parts, predictions
 
 OPTIONS = ("out", "checkpoint", "name", "overwrite", "part_size")
@@ -51,7 +52,7 @@ def main(command: str, argv: list, compose, help: bool = False, multirun: bool =
     try:
         if command == "predict":  # (before any job: each would say it)
             _out(options, exists_ok=True)
-        swept, varied = sweep_overrides(overrides) if multirun else ([overrides], [])
+        swept, varied = combinations(overrides) if multirun else ([overrides], [])
         if len(runs) > 1:  # (a shell's glob of a sweep's directory names its files and tensorboard/ too)
             passed = [run for run in runs if not RunDir(run).config.is_file()]
             runs = [run for run in runs if run not in passed]
@@ -92,26 +93,12 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
         return {}
 
 
-def sweep_overrides(overrides: list) -> tuple[list[list], list]:
-    """(Each combination of the overrides' a,b values, as Hydra's basic sweeper makes its jobs; the keys
-    they vary.)"""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = [list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.input_line] for o in parsed]
-    jobs = [[f"{o.get_key_element()}={v}" if o.is_sweep_override() else v for o, v in zip(parsed, values)]
-            for values in itertools.product(*choices)]
-    return jobs, [o.key_or_group for o in parsed if o.is_sweep_override()]
-
-
 def several(command: str, jobs: list, options: dict, compose, varied: list) -> int:
     """Each job in turn (a failed one recorded, the others go on), then a table of them all; exit status 1
     if any failed. predict's out=NAME.EXT becomes NAME-<job>.EXT for each."""
-    from distrain.report.sweep import split_override
-
     rows = []
     for n, (run, overrides) in enumerate(jobs):
-        values = {k: v for k, v in map(split_override, overrides) if k in varied}
+        values = {k: v for k, v in map(split, overrides) if k in varied}
         print(f"[#{n}] {command} {run} {' '.join(overrides)}".rstrip(), flush=True)
         mine = {**options, "out": _numbered(options["out"], n)} if "out" in options else options
         try:
@@ -169,16 +156,14 @@ def _out(options: dict, exists_ok: bool = False) -> Path:
 
 
 def _data_changed(overrides: list) -> bool:
-    from distrain.config.validate import override_keys
-
-    return any(key.split(".")[0] == "data" for key in override_keys(overrides))
+    return any(key.split(".")[0] == "data" for key in keys_of(overrides))
 
 
 def settle(run_dir: Path, compose, overrides: list, checkpoint: str | None = None):
     """The run's config with what the overrides name replaced (a group choice replaces the whole node, as
     a run would compose it), checked. The model's code need not be here where the run's SavedModel is used
     (no checkpoint named): it holds the model."""
-    from distrain.config.validate import override_keys, validate
+    from distrain.config.validate import validate
 
     saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
@@ -189,7 +174,7 @@ def settle(run_dir: Path, compose, overrides: list, checkpoint: str | None = Non
         asked = compose(runs_choices(merged, overrides) + overrides)
     except Exception:  # noqa: BLE001 - an option of the user's own, not in a config directory: as they are
         asked = compose(overrides)
-    for key in override_keys(overrides):
+    for key in keys_of(overrides):
         if not key.startswith("hydra"):
             OmegaConf.update(merged, key, OmegaConf.select(asked, key), merge=False)
     whole = checkpoint is None and RunDir(run_dir).saved_model.is_dir()
@@ -206,9 +191,7 @@ def settle(run_dir: Path, compose, overrides: list, checkpoint: str | None = Non
 def runs_choices(saved, overrides: list) -> list:
     """The run's own option (`group=name`) of each config group whose keys the overrides set without
     choosing an option of it."""
-    from distrain.config.validate import override_keys
-
-    keys = override_keys(overrides)
+    keys = keys_of(overrides)
     groups = sorted({key.split(".")[0] for key in keys if "." in key} - set(keys))
     return [f"{group}={saved[group].name}" for group in groups
             if OmegaConf.is_dict(saved.get(group)) and saved[group].get("name")]

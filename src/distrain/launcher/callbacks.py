@@ -9,6 +9,7 @@ from hydra.experimental.callback import Callback
 from distrain.common.errors import print_error
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
+from distrain.report import results
 
 
 class KeepEarlierRuns(Callback):
@@ -18,7 +19,7 @@ class KeepEarlierRuns(Callback):
 
     def on_run_start(self, config, **kwargs) -> None:
         run_dir = Path(config.hydra.run.dir)
-        earlier = RunDir(run_dir).earlier_run()
+        earlier = earlier_run(RunDir(run_dir))
         if earlier is None or config.trainer.resume:
             return
         if not Topology.of(config).local and RunDir(run_dir).ended() in (None, "running"):
@@ -35,6 +36,19 @@ class KeepEarlierRuns(Callback):
                     f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
                     "trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove "
                     f"{sweep_dir}")
+
+
+def earlier_run(run: RunDir) -> str | None:
+    """The run there, in words ("ended ok at global step 744"), or None if none was started there."""
+    if not run.config.exists():
+        return None
+    status, found = run.ended(), run.read_results() or {}
+    how = {"ok": "ended ok", "failed": "failed", "interrupted": "was interrupted", "restarting": "was restarting"}
+    words = how.get(status, "was stopped before it recorded how it ended")
+    if status == "ok" and "global_steps" in found:
+        words += f" at global step {found['global_steps']}, {results.headline(found)}"
+    latest = run.latest_checkpoint()
+    return words + (f"; its latest checkpoint is {latest}" if latest and status != "ok" else "")
 
 
 def _refuse(error: str):

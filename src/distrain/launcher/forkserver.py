@@ -3,9 +3,8 @@
 Importing TensorFlow takes a task about 3.5 s of CPU before it does anything: a cluster of 4 tasks
 on 2 cores spends 7 s of its start-up there, and every restarted task again. The fork server
 imports it once per run, then forks a task in milliseconds: each child becomes the task process
-`python -m distrain.task CONFIG` (or distrain.task.inference: the module its command names) would be (its own
-process group, environment, output pipe, cores), with a clean TensorFlow (no device, no server, no
-thread started before the fork).
+`python -m distrain.task CONFIG` would be (its own process group, environment, output pipe, cores), with
+a clean TensorFlow (no device, no server, no thread started before the fork).
 
 A process that runs several runs in turn (a sweep's jobs under the basic launcher, a script calling
 distrain) keeps one server for all of them (`shared`), one-task runs and local clusters alike, and

@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distrain.common import cluster as cluster_lib
-from distrain.common import stacks, storage
+from distrain.common import storage
 from distrain.common.cluster import Task
 from distrain.common.errors import print_error
 from distrain.common.lifetime import die_with_parent
 from distrain.common.messages import HEARTBEAT, POSITION, SCRATCH, STACKS, is_error, is_ready
 from distrain.common.rundir import RunDir
-from distrain.launcher import memory
+from distrain.launcher import memory, stalls
 from distrain.launcher.forkserver import ForkServer
 from distrain.launcher.memory import Watch
 from distrain.launcher.restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, SHRINK, Restarts, decide, signalled
 from distrain.launcher.task_log import ERR, OUT, FirstError, TaskLog, is_noise, last_state, route
-from distrain.report import results as report
+from distrain.report.results import seconds_since_start
 
 log = logging.getLogger("distrain")
 
@@ -77,7 +77,7 @@ class TaskProcess:
     cluster: dict | None = None  # and the cluster spec: {job: [addresses]}
     cores: set | None = None  # CPU affinity, when pinned
     peer_timeout: float = 0  # > 0: the task keeps a heartbeat (process.Heartbeat) that must not stop this long
-    stall_after: float = 0  # > 0: its training's step standing still this long is a stall (stacks.py)
+    stall_after: float = 0  # > 0: its training's step standing still this long is a stall (stalls.py)
     forks: ForkServer | None = None  # starts the task with TensorFlow imported, instead of running argv
     restarts: int = 0  # restarts taken already (the tasks of a restarted cluster carry theirs)
     # Its state, as the supervisor starts and watches it: never given to the constructor.
@@ -93,7 +93,7 @@ class TaskProcess:
     open_line: bool = field(init=False, default=False)  # a progress bar of its is on the terminal, no newline yet
     line_ended: bool = field(init=False, default=False)  # ... which the launcher ended (end_line) for a line of its own
     memory: Watch = field(init=False, default_factory=Watch)  # its peak resident memory, over its restarts too
-    stacks_path: Path | None = field(init=False, default=None)  # where it dumps its stacks on SIGUSR1 (stacks.py)
+    stacks_path: Path | None = field(init=False, default=None)  # where it dumps its stacks on SIGUSR1 (stalls.py)
     position_path: Path | None = field(init=False, default=None)  # where it keeps the global step it reached
     stall_seen: float = field(init=False, default=0.0)  # the time of the position whose stall was reported
 
@@ -131,7 +131,7 @@ class TaskProcess:
 
     def _in_child(self) -> None:  # between fork and exec
         die_with_parent()
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before it can answer (stacks.py)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a request for stacks, before it can answer (stalls.py)
         if self.cores:
             os.sched_setaffinity(0, self.cores)
 
@@ -153,7 +153,7 @@ class TaskProcess:
                     last = last_state(line)
                     if not self.ready and is_ready(last):
                         self.ready = True
-                        self.ready_after = self.ready_after or report.seconds_since_start(time.time())
+                        self.ready_after = self.ready_after or seconds_since_start(time.time())
                     logfile.write(last)
                     where = route(line, prefix is not None, self.quiet, on_screen=bool(shown))
                     if where == ERR and self.first_error.may_say(self.name):
@@ -221,7 +221,7 @@ class TaskProcess:
         """The last lines of its log, without TensorFlow's start-up noise."""
         self.pump.join(timeout=2)
         text = self.log_path.read_text(errors="replace").splitlines()
-        return [line for line in text if not is_noise(line.encode()) and not stacks.is_dump(line)][-lines:]
+        return [line for line in text if not is_noise(line.encode()) and not stalls.is_dump(line)][-lines:]
 
     def describe(self) -> dict:
         code = self.proc.poll() if self.proc else None
@@ -284,7 +284,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
             if not starting:
                 startup_timeout = None
             looks = memory.look_at(tasks, looks)
-            stacks.look(tasks, run)
+            stalls.look(tasks, run)
             time.sleep(0.1)
     except Interrupted as exc:
         if job:
@@ -368,7 +368,7 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
                           whole=True)
             return Outcome(code, "restarting", why, restart=True)
         elif action == SHRINK:
-            restarts.shrink(task, None if task.hung else code, why, stacks.step_of(task.position_path),
+            restarts.shrink(task, None if task.hung else code, why, stalls.step_of(task.position_path),
                             storage.checkpoint_step(run.latest_checkpoint()))
             return Outcome(code, "restarting", why, restart=True)
         elif action == FAIL:
@@ -381,7 +381,7 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
 def _grown(tasks: list, restarts: Restarts | None) -> Outcome | None:
     """A cluster that shrank, whose restart budget has renewed, every task training (a step taken: its
     preemption handler in place): it restarts larger, stopped as a preemption stops it (a step saved)."""
-    if restarts and restarts.may_grow() and all(t.proc.poll() is None and stacks.step_of(t.position_path) is not None
+    if restarts and restarts.may_grow() and all(t.proc.poll() is None and stalls.step_of(t.position_path) is not None
                                                 for t in tasks if t.main):
         return Outcome(0, "restarting", restarts.grow(), restart=True)
     return None

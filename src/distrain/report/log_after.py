@@ -8,6 +8,7 @@ from pathlib import Path
 from distrain.common.errors import ConfigError, print_error
 from distrain.common.rundir import RunDir
 from distrain.config import schema
+from distrain.config.overrides import split
 from distrain.report.tracking import Tracked, TrackedSweep, made
 
 
@@ -23,7 +24,7 @@ def main(argv: list) -> int:
         return 2
     keys = {}
     for override in overrides:
-        key, value = override.split("=", 1)
+        key, value = split(override)
         name = key.removeprefix("logger.mlflow.")
         if not key.startswith("logger.mlflow.") or name not in schema.Mlflow.__dataclass_fields__:
             print_error(f"{override} is not a key of logger.mlflow ({', '.join(schema.Mlflow.__dataclass_fields__)}):"

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
@@ -21,6 +20,7 @@ from distrain.common.errors import print_error
 from distrain.common.messages import ERROR
 from distrain.common.rundir import STATUS, RunDir
 from distrain.common.storage import record, write_atomic
+from distrain.config import overrides
 from distrain.report.results import logs_for_tensorboard, test_numbers
 
 MEASURES = [  # summary column <- results.json key
@@ -61,7 +61,7 @@ class Job:
     @property
     def values(self) -> dict:
         """The swept values, {key: value}."""
-        return dict(map(split_override, self.overrides))
+        return dict(map(overrides.split, self.overrides))
 
     def __str__(self) -> str:
         return f"#{self.num}" + (f" ({self.swept})" if self.swept else "")
@@ -234,7 +234,7 @@ def collect(sweep_dir: Path) -> tuple[list, list]:
 
 def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     hydra_dir = job_dir / ".hydra"
-    overrides = _load_yaml(hydra_dir / "overrides.yaml") or []
+    given = _load_yaml(hydra_dir / "overrides.yaml") or []
     hydra_cfg = (_load_yaml(hydra_dir / "hydra.yaml") or {}).get("hydra") or {}
     num = (hydra_cfg.get("job") or {}).get("num")
     if num is None:
@@ -244,7 +244,7 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     state = status.get("status")
     if state in (None, "running"):  # the job never finished (killed, or still running)
         state = "ok" if results else "incomplete"
-    row = {"job": num, "overrides": dict(split_override(o) for o in overrides),
+    row = {"job": num, "overrides": dict(overrides.split(o) for o in given),
            "searched": list((hydra_cfg.get("sweeper") or {}).get("params") or {}),
            "status": state,
            "exit_status": status.get("exit_status", ""), "error": status.get("error", ""),
@@ -259,17 +259,6 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     row["metrics"] = test_numbers(results)
     row.update(row["metrics"])  # the test value of each metric the run measured
     return row
-
-
-def split_override(override: str) -> tuple[str, str]:
-    """("cluster.workers", "2") from "cluster.workers=2"; Hydra's escapes undone ("/gpu\\:7" is /gpu:7)."""
-    try:
-        parsed = OverridesParser.create().parse_overrides([override])[0]
-        value = parsed.value()
-        return parsed.key_or_group, value if isinstance(value, str) else parsed.get_value_element_as_str()
-    except Exception:  # noqa: BLE001 - a label only: fall back to the text as it is
-        key, _, value = override.partition("=")
-        return key.lstrip("+~"), value
 
 
 def _load_yaml(path: Path):
@@ -361,16 +350,12 @@ def _write_csv(path: Path, rows: list, columns: list) -> None:
 def swept(hydra_config) -> list:
     """This job's overrides of the keys its sweep varies, e.g. ["cluster.workers=2"] (all of its overrides
     where that cannot be told): the sweeper's params, and the sweep overrides the basic sweeper saved."""
-    parser = OverridesParser.create()
     keys = set((hydra_config.sweeper.get("params") or {}).keys())
     sweep_dir = Path(hydra_config.sweep.dir)
     master = ((_load_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra") or {}).get("overrides", {}).get("task")
-    try:
-        keys |= {o.key_or_group for o in parser.parse_overrides(master or []) if o.is_sweep_override()}
-    except Exception:  # noqa: BLE001 - a label only: never fail a job over it
-        pass
+    keys |= overrides.swept_keys(master or [])
     mine = list(hydra_config.overrides.task)
-    return [o for o in mine if split_override(o)[0] in keys] or mine
+    return [o for o in mine if overrides.split(o)[0] in keys] or mine
 
 
 def main(argv: list) -> int:

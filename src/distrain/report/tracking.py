@@ -27,7 +27,8 @@ from pathlib import Path
 from distrain.common.errors import ConfigError, first_line
 from distrain.common.rundir import RunDir
 from distrain.config import schema
-from distrain.report import results as report
+from distrain.config.overrides import split
+from distrain.report.results import epoch_rows
 
 log = logging.getLogger("distrain")
 
@@ -327,7 +328,7 @@ def rows_of(results: dict, config: dict) -> list:
     """The epochs' rows of a finished run from its results.json (a run made without metrics.csv)."""
     history, trainer = results["history"], (config or {}).get("trainer") or {}
     steps = results.get("steps_per_epoch") or round(results["global_steps"] / max(1, len(history.get("loss", []))))
-    return report.epoch_rows(history, results.get("epoch_seconds") or [], steps * results["global_batch_size"],
+    return epoch_rows(history, results.get("epoch_seconds") or [], steps * results["global_batch_size"],
                              trainer.get("epochs", results.get("epochs", 0)), trainer.get("validate_every", 0))
 
 
@@ -370,7 +371,7 @@ def start_sweep(config: dict, sweep_dir: Path) -> Tracked:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     hydra = config.get("hydra") or {}
     overrides = (hydra.get("overrides") or {}).get("task") or []
-    swept = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
+    swept = dict(split(o) for o in overrides if "=" in o and not o.startswith("hydra"))
     swept |= {f"search.{k}": str(v) for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()}
     return made(TrackedSweep, RunDir(sweep_dir), {**config, "sweep": swept}, "/".join(sweep_dir.parts[-2:]))
 

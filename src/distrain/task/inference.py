@@ -1,13 +1,11 @@
 """Evaluate and predict on the task side: the run's trained model set up as its training was
 (`load_trained`, through setup.py), its outputs computed in this process (`evaluate_here`, `predict_here`)
-or scored from a cluster's (`score`); and `main`, one task of a clustered evaluate or predict
-(inference/cluster_parts.py), started by the launcher with TF_CONFIG saying which: a multi_worker_mirrored
-worker computes its parts (into job.json's parts_dir); under parameter servers the ps and worker tasks serve
+or scored from a cluster's (`score`); and `compute_parts`, the work of one task of a clustered evaluate or
+predict (inference/cluster_parts.py; main.py gives the task its role): a multi_worker_mirrored worker
+computes its parts (into job.json's parts_dir); under parameter servers the ps and worker tasks serve
 while the chief reads every part and schedules its batches on the workers. Runs in the command's process
 (evaluate and predict on one process) or in the cluster's tasks."""
 import collections
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,21 +13,18 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
-from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.common.errors import FINAL, ConfigError, fail, first_line
-from distrain.common.lifetime import die_with_parent, exit_now
+from distrain.common.errors import ConfigError, first_line
 from distrain.common.messages import say_ready
 from distrain.common.rundir import RunDir
-from distrain.common.stacks import answer_stack_requests
 from distrain.common.topology import Topology
 from distrain.config.validate import importable
 from distrain.data import arrays
 from distrain.inference import cluster_parts
 from distrain.task.context import RunContext
 from distrain.task.input_data import load_test_data
-from distrain.task.main import lost_peer, serve
+from distrain.task.main import lost_peer
 from distrain.task.model import check_model, compile_model
 from distrain.task.optimizer import make_optimizer
 from distrain.task.setup import Built, onednn_line, set_up, strategy_of
@@ -38,50 +33,34 @@ from distrain.task.training import keras_evaluate
 AHEAD = 64  # batches scheduled on the workers beyond the one the coordinator waits for
 
 
-def main(argv=None) -> int:
-    die_with_parent()
-    answer_stack_requests()
-    where = RunDir(Path((argv or sys.argv[1:])[0]))
-    cfg = OmegaConf.load(where.config)
-    job = json.loads((where / "job.json").read_text())
+def compute_parts(cfg, context: RunContext, job: dict) -> None:
+    """This task's parts of a clustered evaluate or predict (job.json: the run, its parts, where they go):
+    a multi_worker_mirrored worker computes its own; under parameter servers the coordinator schedules the
+    batches of every part on the workers. A lost peer is raised as PeerLost."""
+    spec, task, ps = context.cluster, context.task, context.topology.parameter_servers
+    if ps:  # (the coordinator: up once its ps and workers are)
+        cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
+    strategy = strategy_of(cfg, context, default=not ps)
+    print(onednn_line(), flush=True)
+    data, model, _, _ = load_trained(cfg, Path(job["run_dir"]), job, False, strategy, context.run)
+    say_ready(task)
+    plan = [tuple(p) for p in job["parts"]]
+    mine = range(len(plan)) if ps else range(cluster_lib.rank(spec, task), len(plan), context.topology.workers)
+    directory = Path(job["parts_dir"])
+    todo = cluster_parts.todo(directory, list(mine))
+    step = tf.function(lambda x: model(x, training=False), reduce_retracing=True)  # (Keras's predict_step)
+    # One dataset for all its parts (its functions traced once), batches within parts (cluster_parts.py)
+    ds = data.reader(cfg, training=False, examples=[plan[k] for k in todo])() if todo else []
+    batches = scheduled(step, strategy, ds) if ps else ((np.asarray(step(x), np.float32), y.numpy()) for x, y in ds)
+    progress = Progress(task.name, len(todo), len(mine))
     try:
-        spec, task = cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
-        context = RunContext.of(RunDir(where.path, cfg), cfg, spec, task)
-        ps = context.topology.parameter_servers
-        if ps and task.type in ("ps", "worker"):  # (on machines of their own: until the coordinator is gone)
-            cluster_lib.check_port_free(task)
-            return serve(context, not context.topology.local, cfg.cluster.startup_timeout)
-        if ps:  # (the coordinator: up once its ps and workers are)
-            cluster_lib.wait_for_peers(cluster_lib.peers(spec, task))
-        strategy = strategy_of(cfg, context, default=not ps)
-        print(onednn_line(), flush=True)
-        data, model, _, _ = load_trained(cfg, Path(job["run_dir"]), job, False, strategy, where)
-        say_ready(task)
-        plan = [tuple(p) for p in job["parts"]]
-        mine = range(len(plan)) if ps else range(cluster_lib.rank(spec, task), len(plan), context.topology.workers)
-        directory = Path(job["parts_dir"])
-        todo = cluster_parts.todo(directory, list(mine))
-        step = tf.function(lambda x: model(x, training=False), reduce_retracing=True)  # (Keras's predict_step)
-        # One dataset for all its parts (its functions traced once), batches within parts (cluster_parts.py)
-        ds = data.reader(cfg, training=False, examples=[plan[k] for k in todo])() if todo else []
-        batches = scheduled(step, strategy, ds) if ps else ((np.asarray(step(x), np.float32), y.numpy()) for x, y in ds)
-        progress = Progress(task.name, len(todo), len(mine))
-        try:
-            for k, outputs, labels in by_part(batches, todo, plan):
-                cluster_parts.write(directory, k, plan[k][0], outputs, labels if job["labels"] else None)
-                progress.one_more(len(outputs))
-        except tf.errors.OpError as exc:  # (a parameter server lost: the launcher restarts the cluster)
-            lost = lost_peer(exc, cfg, during="while computing the outputs")
-            if lost is None:
-                raise
-            print(f"{lost}: the launcher restarts the cluster, which goes on with the parts not written", flush=True)
-            os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
-    except FINAL as exc:
-        return fail(exc)
-    if ps:  # the coordinator: all is written
-        sys.stderr.flush()
-        os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task
-    return 0
+        for k, outputs, labels in by_part(batches, todo, plan):
+            cluster_parts.write(directory, k, plan[k][0], outputs, labels if job["labels"] else None)
+            progress.one_more(len(outputs))
+    except tf.errors.OpError as exc:  # (a parameter server lost)
+        if (lost := lost_peer(exc, cfg, during="while computing the outputs")) is None:
+            raise
+        raise lost from exc
 
 
 def trained_classes(run_dir: Path) -> list | None:
@@ -98,7 +77,7 @@ def load_trained(cfg, run_dir: Path, options: dict, data_changed: bool, strategy
     run's, for its own data)."""
     cfg.trainer.steps_per_epoch = 1  # (nothing trains: the training split's size need not fit the batch)
     strategy = strategy or strategy_of(cfg, default=Topology.of(cfg).clustered)
-    cfg.data.source = arrays.resolve_source(cfg.data)[0]
+    arrays.settle_source(cfg)
     # The run's data.json holds its own data files; other data is scanned here (a directory with none).
     where = where or RunDir(run_dir / "evaluations" / "no data.json" if data_changed else run_dir, cfg)
     trained = RunDir(run_dir).read_results() or {}
@@ -241,6 +220,3 @@ class Progress:
             print(f"{self.name}: {self.done} of {self.todo} parts, {self.examples:,} examples, "
                   f"{self.examples / max(now - self.start, 1e-9):,.0f} examples/s", flush=True)
 
-
-if __name__ == "__main__":
-    exit_now(main())

@@ -1,11 +1,12 @@
 """One task process: read the run's resolved config, play this task's part, report.
 
-The launcher starts one per run, or one per cluster task with TF_CONFIG saying which task it is:
-under parameter servers, ps and worker tasks serve and wait while the chief (coordinator) trains;
-under multi-worker mirrored, every worker trains and the chief (worker 0) reports.
+The launcher starts one per run, or one per cluster task with TF_CONFIG saying which task it is, and
+evaluate and predict one per task of a cluster. Its role (`role`): under parameter servers, ps and
+worker tasks serve and wait while the chief (coordinator) trains or computes; under multi-worker
+mirrored, every worker trains (the chief, worker 0, reports) or computes its parts of an evaluate or
+predict (the directory's job.json says which); a sidecar evaluator evaluates the chief's checkpoints.
 """
 import os
-import re
 import signal
 import sys
 import time
@@ -14,17 +15,18 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.common import storage
-from distrain.common.errors import FINAL, ConfigError, PeerLost, fail, print_error
+from distrain.common.errors import FINAL, PeerLost, fail, print_error
 from distrain.common.lifetime import die_with_parent
 from distrain.common.messages import RESTARTS_CLUSTER, say_ready
 from distrain.common.rundir import RunDir
 from distrain.common.stacks import answer_stack_requests
 from distrain.common.topology import Topology
-from distrain.report import results as report
-from distrain.report import timesplit
+from distrain.report import results, timesplit
 from distrain.task.context import RunContext
+from distrain.task.failures import full_disk, lost_peer
 from distrain.task.preemption import Preempted, Preemption
+
+TRAIN, SERVE, EVALUATE_CHECKPOINTS, COMPUTE_PARTS = "train", "serve", "evaluate checkpoints", "compute parts"
 
 
 def main(argv=None) -> int:
@@ -33,32 +35,62 @@ def main(argv=None) -> int:
     config_path = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(config_path)
     run = RunDir(config_path.parent, cfg)
+    job = run.read_job()  # evaluate's or predict's parts for this task to compute, else None (a training)
     try:
         context = RunContext.of(run, cfg, *_place_in_cluster(cfg))
-        task = context.task
-        if task and task.type == "evaluator":
+        what = role(context, job)
+        if what == EVALUATE_CHECKPOINTS:
             return run_evaluator(cfg, context)
-        if task:
-            cluster_lib.check_port_free(task)
-            if context.topology.parameter_servers and task.type in ("ps", "worker"):
-                return serve(context, cfg.cluster.name == "slurm", cfg.cluster.startup_timeout)
-        results = train_here(cfg, context)
+        if context.task:
+            cluster_lib.check_port_free(context.task)
+        if what == SERVE:
+            return serve(context, serves_until_chief_gone(cfg, job), cfg.cluster.startup_timeout)
+        if what == COMPUTE_PARTS:
+            from distrain.task.inference import compute_parts  # (TensorFlow: after the servers started theirs)
+
+            compute_parts(cfg, context, job)
+        else:
+            say_results(train_here(cfg, context), cfg, context)
     except FINAL as exc:
         return fail(exc)
     except PeerLost as exc:
-        say_peer_lost(exc, cfg)
+        say_peer_lost(exc, cfg, job)
         os._exit(1)  # not a normal exit: TensorFlow's shutdown would wait for the lost peer
     except Preempted as exc:
         say_preempted(exc, cfg, run)
         return 128 + signal.SIGTERM
-    if context.chief:
-        print(report.summary_line(results), flush=True)
-        if results.get("bound"):
-            print(timesplit.verdict(results, cfg.data), flush=True)
     if context.task and context.topology.parameter_servers:  # the coordinator: all is written
         sys.stderr.flush()
         os._exit(0)  # TensorFlow's shutdown would remove its functions from every remote task (runners.KEPT)
     return 0
+
+
+def role(context: RunContext, job: dict | None) -> str:
+    """This task's part: a sidecar evaluator evaluates checkpoints; a ps or worker task under parameter
+    servers serves the chief; any other trains, or computes its parts where there is a job (evaluate's,
+    predict's)."""
+    task = context.task
+    if task and task.type == "evaluator":
+        return EVALUATE_CHECKPOINTS
+    if task and context.topology.parameter_servers and task.type in ("ps", "worker"):
+        return SERVE
+    return COMPUTE_PARTS if job is not None else TRAIN
+
+
+def serves_until_chief_gone(cfg, job: dict | None) -> bool:
+    """Whether a serving task ends once the chief, once up, is gone: in a Slurm job step (which ends only
+    when every task has) and in evaluate's and predict's cluster spread over machines (each machine's
+    command ends with its chief's). A training's servers elsewhere serve chiefs in turn until stopped; a
+    local cluster's launcher stops its own."""
+    return cfg.cluster.name == "slurm" or (job is not None and not Topology.of(cfg).local)
+
+
+def say_results(found: dict, cfg, context: RunContext) -> None:
+    """The chief's closing lines: the run's results, and what bound its speed."""
+    if context.chief:
+        print(results.summary_line(found), flush=True)
+        if found.get("bound"):
+            print(timesplit.verdict(found, cfg.data), flush=True)
 
 
 def _place_in_cluster(cfg) -> tuple:
@@ -89,10 +121,10 @@ def train_here(cfg, context: RunContext) -> dict:
         say_ready(context.task)
     Preemption.watch(strategy if context.topology.clustered and context.topology.synchronous else None)
     try:
-        results, _ = train(cfg, context.run.path, strategy, context)
+        found, _ = train(cfg, context.run.path, strategy, context)
         if context.chief:
-            context.run.write_results(results)
-        return results
+            context.run.write_results(found)
+        return found
     except Exception as exc:  # noqa: BLE001 - a lost peer, unreadable data, a full disk are translated
         translated = lost_peer(exc, cfg) or unreadable_on_worker(exc, cfg.data) or bad_data(exc) or \
             full_disk(exc, context.run, clean=context.chief)
@@ -101,13 +133,16 @@ def train_here(cfg, context: RunContext) -> dict:
         raise translated from exc
 
 
-def say_peer_lost(exc: PeerLost, cfg) -> None:
+def say_peer_lost(exc: PeerLost, cfg, job: dict | None) -> None:
     """The line of a lost peer: where a local cluster's launcher sees it too, what the launcher does."""
     watched = os.environ.get(RESTARTS_CLUSTER)  # a local cluster's launcher sees a task that died
     if watched == "1":
-        print(f"{exc}: the launcher restarts the cluster from its latest checkpoint", flush=True)
+        goes_on = "which goes on with the parts not written" if job else "from its latest checkpoint"
+        print(f"{exc}: the launcher restarts the cluster, {goes_on}", flush=True)
     elif watched == "0" and not exc.hung:  # its line names the task and why: one line for one event
-        print(f"{exc}: the launcher ends the run", flush=True)
+        print(f"{exc}: the launcher ends the {'command' if job else 'run'}", flush=True)
+    elif job:
+        print_error(f"{exc}: the same command again computes only the parts not written")
     else:
         kept = "its latest checkpoint is kept" if cfg.trainer.save_model else "nothing saved (trainer.save_model=false)"
         print_error(f"{exc}; {kept}: go on with trainer.resume=true")
@@ -124,42 +159,6 @@ def say_preempted(exc: Preempted, cfg, run: RunDir) -> None:
     why = "interrupted (Ctrl-C)" if "SIGINT" in status.get("error", "") else "stopped by SIGTERM"
     print(f"{bar}{why} at global step {exc}: {saved}; go on with trainer.resume=true hydra.run.dir={run.path}",
           flush=True)
-
-
-def lost_peer(exc: Exception, cfg, during: str = "mid-training") -> PeerLost | None:
-    """A TensorFlow error that says a peer died or stopped answering (a collective aborted, a
-    parameter server gone), as PeerLost (`during`: what the cluster was doing); None for any other error."""
-    import tensorflow as tf
-
-    if isinstance(exc, PeerLost):
-        return exc
-    if not isinstance(exc, tf.errors.OpError):
-        return None
-    text = exc.message
-    hung = re.search(r"unhealthy \(stopped sending heartbeats\):\s*(\S+)", text)
-    if hung:
-        task = re.sub(r"/job:(\w+)/replica:\d+/task:(\d+)", r"\1 \2", hung.group(1))
-        return PeerLost(f"{task} stopped answering for {cfg.cluster.peer_timeout:g} s (cluster.peer_timeout) "
-                        f"{during}", hung=True)
-    if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError)) or "Collective ops is aborted" in text:
-        cause = re.search(r"aborted by: ([^\n]+)", text) or re.search(r"([^\n]*(?:unavailable|failed to connect|"
-                                                                       r"reset|closed)[^\n]*)", text, re.I)
-        why = f" ({cause.group(1).strip()[:160]})" if cause else ""
-        return PeerLost(f"a task of the cluster was lost {during}{why}")
-    if isinstance(exc, tf.errors.InternalError) and "from remote target /job:" in text:  # another task failed
-        # the step inside TensorFlow (seen once, in a restarted cluster: a request that arrived corrupt)
-        cause = re.search(r"\}\}\s*([^\n|]+)", text)
-        why = cause.group(1).strip()[:160] if cause else type(exc).__name__
-        return PeerLost(f"a task of the cluster failed {during} ({why})")
-    return None
-
-
-def full_disk(exc: Exception, run: RunDir, clean: bool = False) -> ConfigError | None:
-    """A full disk, as one line saying what was kept; else None. clean: this task writes the run
-    directory (the chief), and removes the files the full disk cut short."""
-    if clean and storage.is_full(exc):
-        storage.remove_partial(run.path, run.checkpoints)
-    return storage.full_disk(exc, run.path, run.kept_checkpoints)
 
 
 def run_evaluator(cfg, context: RunContext) -> int:

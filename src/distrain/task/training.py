@@ -16,7 +16,7 @@ from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.config.validate import instantiate_as
 from distrain.data import arrays
-from distrain.report import results as report
+from distrain.report import results
 from distrain.report.timesplit import PARTS, probe_seconds, read_alone
 from distrain.task.checkpoints import Checkpoints, Progress, joined, resized_line, resume, segments
 from distrain.task.context import RunContext
@@ -75,7 +75,7 @@ def train(cfg, run_dir, strategy=None, context: RunContext | None = None):
     model, test, facts = finish(cfg, context, data, runner, model, rebuild, probabilities, compiled, progress)
     if not chief:
         shutil.rmtree(out.path, ignore_errors=True)
-    return report.results(cfg, data, progress, test, facts | about(model, probabilities, policy)), model
+    return results.results(cfg, data, progress, test, facts | about(model, probabilities, policy)), model
 
 
 def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities: bool, compiled: bool,
@@ -274,7 +274,7 @@ def epoch_file(cfg, run: RunDir, steps: int):
     if not {"csv", "mlflow"} & set(cfg.get("logger") or {}):
         return None
     def write(path: Path, progress: Progress) -> None:
-        run.write_metrics(report.epoch_rows(progress.history, progress.epoch_seconds, steps * schema.update_batch(t),
+        run.write_metrics(results.epoch_rows(progress.history, progress.epoch_seconds, steps * schema.update_batch(t),
                                             t.epochs, t.validate_every))
     return lambda progress: storage.record(write, run.metrics, progress)  # (a full disk: said, not raised)
 

@@ -8,13 +8,14 @@ import logging
 import math
 
 import optuna
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep, Transformer
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
+
+from distrain.config import overrides
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def distribution(override):
 def search_space(arguments: list) -> tuple[dict, dict]:
     """{key: distribution} of the swept keys and {key: value} of the fixed ones."""
     space, fixed = {}, {}
-    for override in OverridesParser.create().parse_overrides(arguments):
+    for override in overrides.parse(arguments):
         found = distribution(override) if override.is_sweep_override() else None
         if found is None:
             fixed[override.get_key_element()] = override.get_value_element_as_str()

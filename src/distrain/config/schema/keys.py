@@ -6,6 +6,8 @@ from dataclasses import field
 from enum import StrEnum
 from typing import Any, Callable, NamedTuple
 
+from distrain.common.topology import CLUSTER_STRATEGIES, MWMS, PS, StrategyName  # noqa: F401 - the schema's names
+
 CORES = len(os.sched_getaffinity(0))
 MAX_PER_CORE = 8  # virtual devices, or local cluster tasks, per core: beyond that a run only crawls
 
@@ -56,19 +58,6 @@ class DataSource(StrEnum):  # str() and f-strings give the name
 
 # streamed from files (data/files.py, task/input_pipeline.py), never loaded
 FILE_SOURCES = (DataSource.tfrecord, DataSource.images)
-
-
-class StrategyName(StrEnum):  # the strategy group's options; compare names with these, not with strings
-    default = "default"
-    one_device = "one_device"
-    mirrored = "mirrored"
-    central_storage = "central_storage"
-    multi_worker_mirrored = "multi_worker_mirrored"
-    parameter_server = "parameter_server"
-
-
-MWMS, PS = StrategyName.multi_worker_mirrored, StrategyName.parameter_server
-CLUSTER_STRATEGIES = (MWMS, PS)  # the strategies whose tasks come from the cluster group
 
 
 class Communication(StrEnum):  # str() and f-strings give the name
