@@ -232,7 +232,7 @@ def test_the_compute_ceiling_and_plain_keras_measure_for_real():
 def test_the_suites_own_measures_run_on_one_test(tmp_path):
     """suite_cpu.py on one test's module, and suite_ratio.py of this checkout against itself (as root,
     with a cgroup it can make; it says why not otherwise)."""
-    one = ["tests/test_layout.py", "-k", "finds_a_launcher_module"]
+    one = ["tests/test_layout.py", "-k", "finds_a_launcher_module", "-n", "0"]  # (no workers to start: the cheapest)
     cpu = subprocess.run([sys.executable, str(BENCHMARKS / "suite_cpu.py"), *one], capture_output=True, text=True,
                          timeout=240, cwd=ROOT)
     assert cpu.returncode == 0 and "CPU-s by module" in cpu.stdout and "tests/test_layout.py" in cpu.stdout, \
@@ -241,7 +241,8 @@ def test_the_suites_own_measures_run_on_one_test(tmp_path):
     shutil.copytree(ROOT / "tests", copy / "tests")
     shutil.copytree(ROOT / "src", copy / "src")
     ratio = subprocess.run([sys.executable, str(BENCHMARKS / "suite_ratio.py"), str(copy), "--", *one],
-                           capture_output=True, text=True, timeout=240, cwd=ROOT)
+                           capture_output=True, text=True, timeout=240, cwd=ROOT,
+                           env={**os.environ, "TMPDIR": str(tmp_path)})  # (its logs, kept, go with the test's)
     if ratio.returncode == 2 and ("needs root" in ratio.stderr or "cgroup" in ratio.stderr):
         pytest.skip(ratio.stderr.strip())
     assert ratio.returncode == 0 and "in CPU-s" in ratio.stdout, ratio.stdout[-2000:] + ratio.stderr[-2000:]

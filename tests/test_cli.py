@@ -192,8 +192,10 @@ def test_the_wheel_runs_from_any_directory(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, checkout / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # (None of this sees the checkout's src/ on a PYTHONPATH: pip would take the package there for installed.)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
-                            str(checkout)], capture_output=True, text=True, timeout=300)
+                            str(checkout)], capture_output=True, text=True, timeout=300, env=env)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("distrain-*.whl")
     inside = set(zipfile.ZipFile(wheel).namelist())
@@ -205,14 +207,13 @@ def test_the_wheel_runs_from_any_directory(tmp_path):
     here = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "tensorflow").is_dir())
     (site / "dependencies.pth").write_text(f"import site; site.addsitedir({str(here)!r})\n")
     subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", str(wheel)], check=True,
-                   timeout=300)
+                   timeout=300, env=env)
     project = tmp_path / "project"
     (project / "conf" / "experiment").mkdir(parents=True)
     (project / "conf" / "experiment" / "quick.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /model: mlp\ntrainer:\n  epochs: 1\n  verbose: 2\n"
         "  save_model: false\n")
     (project / "conf" / "experiment" / "typo.yaml").write_text("# @package _global_\ntrainer:\n  epochz: 1\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
     def distrain(*args):
         return subprocess.run([str(venv / "bin" / "distrain"), *args], cwd=project, env={**env,
