@@ -14,7 +14,7 @@ import tensorflow as tf
 from distrain.common.errors import ConfigError
 from distrain.launcher import memory
 from distrain.report import timesplit
-from distrain.task import input_pipeline as pipeline
+from distrain.task import input_pipeline
 from distrain.task.training import train
 
 from helpers import RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, small
@@ -105,7 +105,7 @@ def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path
     spread over every core, the steps slowed by it took half the time under a busy neighbour, and the run
     could be said compute-bound. (The line for either case is checked. Control: the tests above, the
     same data without the cost, say compute.)"""
-    train_split = pipeline.ArraySource.train
+    train_split = input_pipeline.ArraySource.train
     heavy = tf.random.stateless_normal([1024, 1024], seed=[1, 2])
     inline = tf.data.Options()
     inline.threading.max_intra_op_parallelism = 1
@@ -115,7 +115,7 @@ def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path
     def costly(self, *args, **kwargs):
         work = lambda x, y: (x + 0.0 * tf.cast(tf.reduce_sum(heavy @ heavy @ heavy), x.dtype), y)
         return train_split(self, *args, **kwargs).map(work).with_options(inline)
-    monkeypatch.setattr(pipeline.ArraySource, "train", costly)
+    monkeypatch.setattr(input_pipeline.ArraySource, "train", costly)
     results, _ = train(make_cfg(*BUNDLED, "model=mlp", f"trainer.epochs={epochs}", "trainer.steps_per_epoch=12",
                                 "trainer.verbose=0"), tmp_path)
     assert results["bound"] == "input", results["time_split"]

@@ -367,19 +367,20 @@ def _data_files(tmp_path) -> dict:
     import tensorflow as tf
     from PIL import Image
 
-    from distrain.data import write_tfrecords as tfrecords
+    from distrain.data import write_tfrecords
 
     def png(path, size=28):
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.new("L", (size, size)).save(path)
 
-    (shard,) = tfrecords.write(np.zeros((8, 28, 28, 1), np.uint8), np.arange(8) % 2, tmp_path / "shards", "train", 1)
+    (shard,) = write_tfrecords.write(np.zeros((8, 28, 28, 1), np.uint8), np.arange(8) % 2, tmp_path / "shards",
+                                     "train", 1)
     found = {"shard": shard, "not_tfrecord": tmp_path / "text.tfrecord", "cut": tmp_path / "cut.tfrecord",
              "no_classes": tmp_path / "no_classes", "empty_class": tmp_path / "empty_class",
              "differ": tmp_path / "differ", "sizes_differ": tmp_path / "sizes_differ", "no_test": tmp_path / "no_test"}
     found["zeros"] = tmp_path / "zeros"  # labels of one class (all 0), in zeros.npz and zeros.tfrecord
     zeros = np.zeros((8, 28, 28, 1), np.uint8)
-    tfrecords.write(zeros, np.zeros(8, int), tmp_path, "zeros", 1)[0].rename(f"{found['zeros']}.tfrecord")
+    write_tfrecords.write(zeros, np.zeros(8, int), tmp_path, "zeros", 1)[0].rename(f"{found['zeros']}.tfrecord")
     np.savez(f"{found['zeros']}.npz", x_train=zeros, y_train=np.zeros(8), x_test=zeros, y_test=np.zeros(8))
     found["not_tfrecord"].write_text("hello, not records\n" * 10)
     found["cut"].write_bytes(shard.read_bytes()[:500])

@@ -35,7 +35,7 @@ from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser
 
 from distrain import cli
-from distrain.data import write_tfrecords as tfrecords
+from distrain.data import write_tfrecords
 
 from helpers import ROOT, MlflowServer, here
 from test_docs import DOCS, NEEDS_ELSEWHERE, NOT_HERE, READERS_MODULES, check, commands, distrain_args, lay_out
@@ -99,7 +99,7 @@ def readers_files(where: Path) -> None:
     np.savez(where / "rows.npz", x_train=features[:512], y_train=values[:512], x_test=features[512:],
              y_test=values[512:])
     for split, rows in (("train", slice(0, 512)), ("test", slice(512, 640))):  # other data, as TFRecord shards
-        tfrecords.write(x[rows, ..., None], y[rows], where / "new", split, 2)
+        write_tfrecords.write(x[rows, ..., None], y[rows], where / "new", split, 2)
     np.savez(where / "new.npz", x=x[512:576])  # new inputs, no labels: an array and a folder of images
     for i, image in enumerate(x[576:588]):
         folder = where / "new_images" / ("" if i < 6 else "more")

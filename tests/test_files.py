@@ -11,8 +11,7 @@ from PIL import Image
 
 from distrain.common.errors import ConfigError
 from distrain.common.topology import Topology
-from distrain.data import arrays as data
-from distrain.data import files
+from distrain.data import arrays, files
 
 from helpers import RUN_TIMEOUT, assert_nothing_left, check_evaluations, make_cfg, record_file, run_cli
 
@@ -20,19 +19,19 @@ QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "trainer.bat
 
 
 def digits(n: int, seed: int = 0):
-    (x, y), _ = data.load(make_cfg("data.source=bundled").data, seed)
+    (x, y), _ = arrays.load(make_cfg("data.source=bundled").data, seed)
     return x[:n], y[:n]
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """960 training digits in 4 shards, 320 test digits in 2 (written by distrain's own writer)."""
-    from distrain.data import write_tfrecords as tfrecords
+    from distrain.data import write_tfrecords
 
     out = tmp_path_factory.mktemp("shards")
     x, y = digits(1280)
-    tfrecords.write(x[:960], y[:960], out, "train", 4)
-    tfrecords.write(x[960:], y[960:], out, "test", 2)
+    write_tfrecords.write(x[:960], y[:960], out, "train", 4)
+    write_tfrecords.write(x[960:], y[960:], out, "test", 2)
     return out
 
 
@@ -112,18 +111,18 @@ def test_classes_are_matched_by_name_in_training_and_in_a_test_split_alone(folde
 def test_tfrecords_name_their_classes_as_write_tfrecords_writes_them(tmp_path):
     """image/class/text names each label's class (write-tfrecords writes it from data.class_names); the
     control: shards without it name none; two names for one label are one line."""
-    from distrain.data import write_tfrecords as tfrecords
+    from distrain.data import write_tfrecords
 
     x, y = digits(64)
     names = "zero one two three four five six seven eight nine".split()
-    tfrecords.write(x, y, tmp_path / "named", "train", 2, names=names)
-    tfrecords.write(x, y, tmp_path / "plain", "train", 2)
+    write_tfrecords.write(x, y, tmp_path / "named", "train", 2, names=names)
+    write_tfrecords.write(x, y, tmp_path / "plain", "train", 2)
     scan = lambda where: files.scan(make_cfg("data=tfrecord", f"data.train_files={where}/*",
                                              f"data.test_files={where}/*").data, seed=0)
     assert scan(tmp_path / "named").class_names == names and scan(tmp_path / "plain").class_names == []
     renamed = list(names)
     renamed[int(y[0])] = "other"  # (the first record's label named otherwise in a second file)
-    tfrecords.write(x[:1], y[:1], tmp_path / "named", "zz", 1, names=renamed)
+    write_tfrecords.write(x[:1], y[:1], tmp_path / "named", "zz", 1, names=renamed)
     with pytest.raises(ConfigError, match=f"label {int(y[0])} is named both {names[int(y[0])]} and other"):
         scan(tmp_path / "named")
 
@@ -135,12 +134,12 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     many files as pipelines; DATA sharding (every file, a share of its records) with fewer."""
     import tensorflow as tf
 
-    from distrain.data import write_tfrecords as tfrecords
-    from distrain.task import input_pipeline as pipeline
+    from distrain.data import write_tfrecords
+    from distrain.task import input_pipeline
 
     x, _ = digits(400)
     for k in range(4):
-        tfrecords.write(x[k * 100:(k + 1) * 100], np.full(100, k), tmp_path / f"f{k}", "train", 1)
+        write_tfrecords.write(x[k * 100:(k + 1) * 100], np.full(100, k), tmp_path / f"f{k}", "train", 1)
     cfg = make_cfg("data=tfrecord", f"data.train_files={tmp_path}/f*/train-*", f"data.test_files={tmp_path}/f0/*",
                    "trainer.batch_size=40", "data.num_classes=4")
     found = files.scan(cfg.data, seed=42)
@@ -148,12 +147,12 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
     def labels(pipelines: int, index: int) -> set:
         context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=index,
                                              num_replicas_in_sync=pipelines)
-        ds = pipeline.file_reader(found, cfg)(context)
+        ds = input_pipeline.file_reader(found, cfg)(context)
         return set(np.concatenate([y.numpy() for _, y in ds.take(10)]).tolist())
 
     assert labels(2, 0) == {0, 2} and labels(2, 1) == {1, 3}  # FILE: files 0, 2 and 1, 3
     assert labels(1, 0) == {0, 1, 2, 3}  # the control: one pipeline reads them all
-    reader = pipeline.file_reader(found, cfg)
+    reader = input_pipeline.file_reader(found, cfg)
     assert "sharded by FILE: each reads 2 of the 4" in reader.sharding_line(2)
     assert reader.sharding_line(5).startswith("warning: input: 5 pipelines (one per worker), sharded by DATA")
     assert labels(5, 4) == {0, 1, 2, 3}  # 5 pipelines, 4 files: each a share of every file
@@ -162,14 +161,14 @@ def test_each_pipeline_reads_only_its_own_files(tmp_path):
 def test_a_batch_larger_than_a_decoding_chunk_holds_the_same_examples(shards):
     """Batches of more than pipeline.DECODE records are decoded in chunks of DECODE: a batch of 256 is the
     two batches of 128 that the same seed gives (control: another seed, other examples)."""
-    from distrain.task import input_pipeline as pipeline
+    from distrain.task import input_pipeline
 
     def first(batch: int, n: int, seed: int = 42):
         cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", f"trainer.batch_size={batch}", f"trainer.seed={seed}"))
-        got = list(pipeline.file_reader(files.scan(cfg.data, seed=0), cfg)().take(n))
+        got = list(input_pipeline.file_reader(files.scan(cfg.data, seed=0), cfg)().take(n))
         return np.concatenate([x.numpy() for x, _ in got]), np.concatenate([y.numpy() for _, y in got])
 
-    assert pipeline.DECODE == 128
+    assert input_pipeline.DECODE == 128
     (large, large_labels), (small, small_labels) = first(256, 1), first(128, 2)
     assert large.shape == (256, 28, 28, 1)
     np.testing.assert_array_equal(large, small)
@@ -362,35 +361,34 @@ def test_a_data_file_missing_where_a_task_reads_it_is_one_line(shards, tmp_path)
     """A file the launcher found, gone (or never there) where a worker reads it: one line naming it."""
     import tensorflow as tf
 
-    from distrain.task import input_pipeline as pipeline
-    from distrain.task import worker_idx as worker_files
+    from distrain.task import input_pipeline, worker_idx
 
     cfg = make_cfg(*tfrecord(shards, "data.num_classes=10", "trainer.batch_size=32"))
     found = files.scan(cfg.data, seed=0)
     gone = tmp_path / "train-00001-of-00004.tfrecord"
     found.train_files = [found.train_files[0], str(gone)]
     with pytest.raises(tf.errors.NotFoundError) as raised:
-        list(pipeline.file_reader(found, cfg)().take(40))
-    assert str(worker_files.unreadable_on_worker(raised.value, cfg.data)).startswith(
+        list(input_pipeline.file_reader(found, cfg)().take(40))
+    assert str(worker_idx.unreadable_on_worker(raised.value, cfg.data)).startswith(
         f"a task cannot read the data file {gone}")
-    assert worker_files.unreadable_on_worker(raised.value, make_cfg("data=synthetic").data) is None  # not files
+    assert worker_idx.unreadable_on_worker(raised.value, make_cfg("data=synthetic").data) is None  # not files
 
 
 def test_raw_and_png_shards_stream_the_same_pixels(tmp_path):
     """write-tfrecords' two encodings, read back: the pixels of the arrays they came from, scaled to [0, 1]."""
-    from distrain.data import write_tfrecords as tfrecords
-    from distrain.task import input_pipeline as pipeline
+    from distrain.data import write_tfrecords
+    from distrain.task import input_pipeline
 
     x, y = digits(50)
     for encoding in ("png", "raw"):
-        tfrecords.write(x, y, tmp_path / encoding, "test", 1, raw=encoding == "raw")
+        write_tfrecords.write(x, y, tmp_path / encoding, "test", 1, raw=encoding == "raw")
         cfg = make_cfg("data=tfrecord", f"data.train_files={tmp_path / encoding}/*",
                        f"data.test_files={tmp_path / encoding}/*",
                        "data.num_classes=10", "trainer.batch_size=50",
                        *(["data.image_size=[28,28]", "data.channels=1"] if encoding == "raw" else []))
         found = files.scan(cfg.data, seed=0)
         assert found.encoded == (encoding == "png")
-        images, labels = next(iter(pipeline.file_reader(found, cfg, training=False)()))
+        images, labels = next(iter(input_pipeline.file_reader(found, cfg, training=False)()))
         np.testing.assert_array_equal(labels.numpy(), y)
         np.testing.assert_allclose(images.numpy(), x / 255.0, atol=1e-6)
 
@@ -401,7 +399,7 @@ def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards,
     found: here the coordinator saw a file the worker's disk lacks (control: the same files)."""
     import tensorflow as tf
 
-    from distrain.task import input_pipeline as pipeline
+    from distrain.task import input_pipeline
 
     monkeypatch.setattr(tf.distribute.coordinator, "experimental_get_current_worker_index", lambda: 0)
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
@@ -410,13 +408,13 @@ def test_a_parameter_server_worker_checks_it_sees_the_coordinators_files(shards,
     cfg = make_cfg(*args, "trainer.batch_size=32")
     found = files.scan(cfg.data, seed=0)
     workers = Topology(parameter_servers=True, clustered=True, workers=2, ps=1)
-    assert len(list(pipeline.file_reader(found, cfg, topology=workers)(context).take(2))) == 2  # the control
+    assert len(list(input_pipeline.file_reader(found, cfg, topology=workers)(context).take(2))) == 2  # the control
     lacking = shards / "train-00009-of-00004.tfrecord" if kind == "tfrecord" else folder / "train" / "digit-3" / "x.png"
     found.train_files = [str(lacking), *found.train_files]
     found.train_labels = [3, *found.train_labels] if kind == "images" else []
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        list(pipeline.file_reader(found, cfg, topology=workers)(context).take(2))
-    line = str(pipeline.bad_data(raised.value))
+        list(input_pipeline.file_reader(found, cfg, topology=workers)(context).take(2))
+    line = str(input_pipeline.bad_data(raised.value))
     n = len(found.train_files)
     where = "data.train_files" if kind == "tfrecord" else "data.path's train/ images"
     assert line.startswith(f"the data's {where} on a parameter-server worker sees {n - 1} of the coordinator's {n} "

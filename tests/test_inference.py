@@ -10,12 +10,9 @@ import numpy as np
 import pytest
 
 from distrain.common import cluster, cpu
-from distrain.data import arrays as data
-from distrain.data import write_tfrecords as tfrecords
-from distrain.inference import cluster_parts as parts
-from distrain.inference import commands as inference
-from distrain.launcher import forkserver
-from distrain.launcher import launch as launcher
+from distrain.data import arrays, write_tfrecords
+from distrain.inference import cluster_parts, commands
+from distrain.launcher import forkserver, launch
 
 from helpers import RUN_TIMEOUT, alive, during, here, make_cfg, task_pids, task_state, wait_until
 
@@ -35,7 +32,7 @@ def trained(tmp_path_factory):
     results, _ = train(cfg, run)  # (in this process: what the launcher adds, config.yaml and results.json, below)
     OmegaConf.save(cfg, run / "config.yaml")
     (run / "results.json").write_text(json.dumps(results))
-    _, (x, y) = data.load(make_cfg("data.source=bundled").data, 42)
+    _, (x, y) = arrays.load(make_cfg("data.source=bundled").data, 42)
     return run, x, (x.astype("float32") / 255.0), y
 
 
@@ -61,7 +58,7 @@ def regression(tmp_path_factory):
 
 
 def use(command, run, *args):
-    return inference.main(command, [str(run), *args], lambda overrides: make_cfg(*overrides))
+    return commands.main(command, [str(run), *args], lambda overrides: make_cfg(*overrides))
 
 
 def plain_model(run):
@@ -113,7 +110,7 @@ def test_predict_reads_tfrecord_shards_file_by_file_then_record_by_record(traine
     classes are the model's: no pass over the records' labels before predicting (a training's scan makes one
     where data.num_classes is not set: test_files)."""
     run, pixels, x, y = trained
-    tfrecords.write(pixels, y, tmp_path, "test", 3)
+    write_tfrecords.write(pixels, y, tmp_path, "test", 3)
     order = [i for shard in range(3) for i in range(shard, len(y), 3)]
     shards = ["data=tfrecord", f"data.test_files={tmp_path}/test-*"]  # (no training files: the test split alone)
     assert use("predict", run, *shards, f"out={tmp_path / 'p.csv'}", "checkpoint=latest") == 0
@@ -202,10 +199,10 @@ def test_an_override_of_the_runs_own_data_is_composed_with_its_option():
     from omegaconf import OmegaConf
 
     saved = make_cfg("data=tfrecord", "data.train_files=a-*", "data.test_files=b-*")
-    assert inference.runs_choices(saved, ["data.test_files=new/test-*", "trainer.seed=3", "model.dropout=0.2"]) == \
+    assert commands.runs_choices(saved, ["data.test_files=new/test-*", "trainer.seed=3", "model.dropout=0.2"]) == \
         ["data=tfrecord", "model=cnn"]  # (trainer has one option, and no name)
-    assert inference.runs_choices(saved, ["data=npz", "data.path=x.npz"]) == []  # (an option chosen: its own keys)
-    cfg = make_cfg(*inference.runs_choices(saved, ["data.test_files=new/test-*"]), "data.test_files=new/test-*")
+    assert commands.runs_choices(saved, ["data=npz", "data.path=x.npz"]) == []  # (an option chosen: its own keys)
+    cfg = make_cfg(*commands.runs_choices(saved, ["data.test_files=new/test-*"]), "data.test_files=new/test-*")
     assert OmegaConf.select(cfg, "data.test_files") == "new/test-*"
     with pytest.raises(Exception, match="test_files"):  # (Hydra's own error: cli makes it one line)
         make_cfg("data.test_files=new/test-*")
@@ -249,23 +246,23 @@ def test_data_that_does_not_fit_the_model_says_both(trained, tmp_path, capsys):
 # ---- On a cluster: the outputs in parts, merged in order ---------------------------------------------------
 
 def test_parts_cover_every_example_once_in_order_and_a_missing_part_is_named(tmp_path):
-    plan = parts.plan(10, 4)
+    plan = cluster_parts.plan(10, 4)
     assert plan == [(0, 4), (4, 8), (8, 10)]
     for k, (start, stop) in enumerate(plan):
-        parts.write(tmp_path, k, start, np.arange(start, stop, dtype=np.float32)[:, None] * 2)
-    merged = parts.merge(tmp_path, plan)
+        cluster_parts.write(tmp_path, k, start, np.arange(start, stop, dtype=np.float32)[:, None] * 2)
+    merged = cluster_parts.merge(tmp_path, plan)
     assert list(merged["index"]) == list(range(10)) and list(merged["outputs"][:, 0]) == [2.0 * i for i in range(10)]
-    assert parts.todo(tmp_path, [0, 1, 2]) == []
-    parts.path(tmp_path, 1).unlink()  # control: a part not written is found, and named
-    assert parts.todo(tmp_path, [0, 1, 2]) == [1]
-    with pytest.raises(inference.ConfigError, match="1 of 3 parts were not computed \\(part 1\\)"):
-        parts.merge(tmp_path, plan)
+    assert cluster_parts.todo(tmp_path, [0, 1, 2]) == []
+    cluster_parts.path(tmp_path, 1).unlink()  # control: a part not written is found, and named
+    assert cluster_parts.todo(tmp_path, [0, 1, 2]) == [1]
+    with pytest.raises(commands.ConfigError, match="1 of 3 parts were not computed \\(part 1\\)"):
+        cluster_parts.merge(tmp_path, plan)
 
 
 def stopped_after_a_part(where, proc, name: str, k: int) -> int:
     """Task `name` SIGSTOPped as soon as its part k is written (its pid from cluster.json), then SIGKILLed:
     how many parts there were when it stopped."""
-    wait_until(lambda: parts.path(where / "parts", k).exists(), proc, f"part {k}", timeout=120, interval=0.005)
+    wait_until(lambda: cluster_parts.path(where / "parts", k).exists(), proc, f"part {k}", timeout=120, interval=0.005)
     pid = task_state(where, name)["pid"]
     os.kill(pid, signal.SIGSTOP)
     written = len(list((where / "parts").glob("part-*.npz")))
@@ -278,8 +275,8 @@ def test_predict_on_two_workers_with_one_killed_gives_every_output_once_in_order
     after its first part is restarted alone, computes only the parts not written, and the merged outputs
     are plain Keras's predict in the files' order, each once."""
     run, pixels, x, y = trained
-    tfrecords.write(pixels, y, tmp_path, "test", 3)
-    tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
+    write_tfrecords.write(pixels, y, tmp_path, "test", 3)
+    write_tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
     order = [i for shard in range(3) for i in range(shard, len(y), 3)]
     where, written = run / "evaluations" / "predict", []
 
@@ -291,7 +288,7 @@ def test_predict_on_two_workers_with_one_killed_gives_every_output_once_in_order
         "trainer.batch_size=8", "part_size=8", f"out={tmp_path / 'p.npz'}"]))
     assert code == 0, out[-3000:]
     written = written[0]
-    assert written < len(parts.plan(len(y), 8)), "every part was written before the kill: nothing was proved"
+    assert written < len(cluster_parts.plan(len(y), 8)), "every part was written before the kill: nothing was proved"
     cluster = json.loads((where / "cluster.json").read_text())
     assert [r["task"] for r in cluster["restarts"]] == ["worker-1"] and cluster["restarts"][0]["exit_status"] == -9
     log = (where / "logs" / "worker-1.log").read_text()
@@ -386,11 +383,11 @@ def test_evaluate_under_parameter_servers_gives_keras_figures(trained, tmp_path)
     parameter servers TensorFlow's coordinator runs the lost worker's functions again, or itself fails,
     which restarts the cluster: parts.py.)"""
     run, pixels, x, y = trained
-    tfrecords.write(pixels, y, tmp_path, "test", 2)
-    tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
+    write_tfrecords.write(pixels, y, tmp_path, "test", 2)
+    write_tfrecords.write(pixels[:10], y[:10], tmp_path, "train", 1)
     # The fork server a local cluster's run in this process has (its network's, its kernels': the run's own
     # trainer.onednn=auto): evaluate's tasks come from it.
-    with launcher.environment(cpu.onednn_env("auto")):
+    with launch.environment(cpu.onednn_env("auto")):
         forks = forkserver.shared(tmp_path / "forkserver.log", cluster.PrivateNetwork.shared().wrap)
     assert use("evaluate", run, "data=tfrecord", f"data.train_files={tmp_path}/train-*",  # (in this process)
                f"data.test_files={tmp_path}/test-*", "strategy=parameter_server", "cluster.workers=2",
@@ -427,11 +424,11 @@ def test_the_tasks_run_the_kernels_the_run_trained_with(trained, monkeypatch, se
         def __exit__(self, *exc):
             pass
 
-    monkeypatch.setattr(parts, "Cluster", Cluster)
+    monkeypatch.setattr(cluster_parts, "Cluster", Cluster)
     monkeypatch.delenv(cpu.ONEDNN, raising=False)
-    monkeypatch.setattr(inference, "evaluate_run", lambda *args: {})  # (no tasks to start)
+    monkeypatch.setattr(commands, "evaluate_run", lambda *args: {})  # (no tasks to start)
     overrides = ["strategy=multi_worker_mirrored", "cluster.workers=2"]
-    inference.one("evaluate", run, overrides + ([f"trainer.onednn={setting}"] if setting else []), {},
+    commands.one("evaluate", run, overrides + ([f"trainer.onednn={setting}"] if setting else []), {},
                   lambda o: make_cfg(*o))
     assert seen == [expected] and cpu.ONEDNN not in os.environ  # (as it was after)
 
@@ -448,7 +445,7 @@ def test_several_runs_and_data_sets_make_a_job_each_and_end_with_a_table(trained
     (tmp_path / "tensorboard").mkdir()
     args = [str(run), str(tmp_path / "summary.csv"), str(tmp_path / "tensorboard"), "data=npz",
             f"data.path={tmp_path / 'a.npz'},{tmp_path / 'b.npz'},{tmp_path / 'c.npz'}", "name=swept"]
-    assert inference.main("evaluate", args, lambda overrides: make_cfg(*overrides), multirun=True) == 1
+    assert commands.main("evaluate", args, lambda overrides: make_cfg(*overrides), multirun=True) == 1
     said = capsys.readouterr()
     assert f"passed over (no config.yaml: no run): {tmp_path / 'summary.csv'}, {tmp_path / 'tensorboard'}" in said.out
     table = said.out[said.out.index("#  run"):].splitlines()
@@ -461,7 +458,7 @@ def test_several_runs_and_data_sets_make_a_job_each_and_end_with_a_table(trained
         assert found["examples"] == n and found["loss"] == pytest.approx(alone[0], rel=1e-5)
         assert f"{found['loss']:.4f}" in table[job]
     # predict, -m over strategies: here, and on 2 workers of multi_worker_mirrored (parts of 64 rows)
-    assert inference.main("predict", [str(run), "data=npz", f"data.path={tmp_path / 'b.npz'}", "cluster.workers=2",
+    assert commands.main("predict", [str(run), "data=npz", f"data.path={tmp_path / 'b.npz'}", "cluster.workers=2",
                                       "strategy=default,multi_worker_mirrored", "part_size=64",
                                       f"out={tmp_path / 'p.npz'}"],
                           lambda overrides: make_cfg(*overrides), multirun=True) == 0

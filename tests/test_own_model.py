@@ -284,7 +284,7 @@ def test_a_saved_model_goes_on_training_and_is_used_where_its_code_is_not(user_d
     beside the code (control: a checkpoint needs the code, and the line says so)."""
     from omegaconf import OmegaConf
 
-    from distrain.inference import commands as inference
+    from distrain.inference import commands
 
     cfg = config(*NPZ, "model._target_=usermodels.tiny", "trainer.save_model=true")
     first, _ = train(cfg, user_dir / "one")
@@ -295,7 +295,7 @@ def test_a_saved_model_goes_on_training_and_is_used_where_its_code_is_not(user_d
     assert results["history"]["loss"][0] < first["history"]["loss"][0]  # it starts where the first ended
 
     def evaluate(*args):
-        return inference.main("evaluate", [str(user_dir / "one"), f"data.path={user_dir / 'colours.npz'}", *args],
+        return commands.main("evaluate", [str(user_dir / "one"), f"data.path={user_dir / 'colours.npz'}", *args],
                               lambda overrides: make_cfg(*overrides))
 
     assert evaluate("name=beside") == 0

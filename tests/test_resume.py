@@ -267,13 +267,12 @@ def uninterrupted(tmp_path_factory):
 def shards(tmp_path_factory) -> list:
     """The same synthetic examples as data=synthetic data.train_examples=2048 data.test_examples=256, in
     TFRecord shards (4 and 1): the overrides that train on them."""
-    from distrain.data import arrays as data
-    from distrain.data import write_tfrecords as tfrecords
+    from distrain.data import arrays, write_tfrecords
 
     out = tmp_path_factory.mktemp("shards")
-    (x, y), (x_test, y_test) = data.synthetic(2048, 256, seed=42)
-    tfrecords.write(x[..., None], y, out, "train", 4)
-    tfrecords.write(x_test[..., None], y_test, out, "test", 1)
+    (x, y), (x_test, y_test) = arrays.synthetic(2048, 256, seed=42)
+    write_tfrecords.write(x[..., None], y, out, "train", 4)
+    write_tfrecords.write(x_test[..., None], y_test, out, "test", 1)
     return ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
 
 

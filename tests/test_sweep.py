@@ -22,8 +22,7 @@ import yaml
 
 from distrain.common import cluster
 from distrain.common.rundir import RunDir
-from distrain.launcher import supervisor
-from distrain.launcher import task_log as task_output
+from distrain.launcher import supervisor, task_log
 from distrain.report import dashboard, sweep
 
 from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, sweep_cli, tensorboard_values
@@ -255,10 +254,10 @@ def test_joblib_runs_jobs_side_by_side_and_summarises_them(tmp_path):
 @pytest.mark.slow
 def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_path):
     """The shards written from an array source by `distrain write-tfrecords`, as a user moves to files."""
-    from distrain.data import write_tfrecords as tfrecords
+    from distrain.data import write_tfrecords
 
     shards = tmp_path / "shards"  # (the command's own code, in this process: TensorFlow is imported here already)
-    assert tfrecords.main(["data=synthetic", "data.train_examples=512", "data.test_examples=128", f"out={shards}",
+    assert write_tfrecords.main(["data=synthetic", "data.train_examples=512", "data.test_examples=128", f"out={shards}",
                            "shards=3"], lambda overrides: make_cfg(*overrides)) == 0
     assert sorted(p.name for p in shards.iterdir()) == \
         [f"test-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"train-0000{i}-of-00003.tfrecord" for i in range(3)] \
@@ -478,32 +477,32 @@ def test_a_quiet_task_shows_only_its_errors(tmp_path, capfd):
 
 
 def test_tensorflow_startup_noise_is_recognised():
-    assert task_output.is_noise(b"E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error")
-    assert task_output.is_noise(b"WARNING: All log messages before absl::InitializeLog() is called are written")
-    assert not task_output.is_noise(b"Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826")
+    assert task_log.is_noise(b"E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error")
+    assert task_log.is_noise(b"WARNING: All log messages before absl::InitializeLog() is called are written")
+    assert not task_log.is_noise(b"Epoch 1/2 - 16 steps - 0.8s - loss: 2.2538 - accuracy: 0.1826")
     # gRPC's retry of a lost task, whole or as the tail another thread's write cut off (seen in CI)
-    assert task_output.is_noise(b'E0000 context.cc:911] Failed to remove function remotely due to failed to connect '
+    assert task_log.is_noise(b'E0000 context.cc:911] Failed to remove function remotely due to failed to connect '
                                 b'to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:42645: Failed to connect to '
                                 b'remote host: Connection refused')
-    assert task_output.is_noise(b".1:42475: Failed to connect to remote host: Connection refused")
-    assert task_output.is_noise(b"E0000 coordination_service_agent.cc:332] Polled an error from coordination service "
+    assert task_log.is_noise(b".1:42475: Failed to connect to remote host: Connection refused")
+    assert task_log.is_noise(b"E0000 coordination_service_agent.cc:332] Polled an error from coordination service "
                                 b"(this can be an error from this or another task): UNAVAILABLE: The tasks have "
                                 b"crashed. Check the task logs for an earlier error to debug further.")
-    assert not task_output.is_noise(b"error: device /gpu:7 is not on this machine")
+    assert not task_log.is_noise(b"error: device /gpu:7 is not on this machine")
 
 
 @pytest.mark.parametrize("line, prefixed, quiet, on_screen, where", [
-    (b"Epoch 1/2 - loss: 2.2538", True, False, False, task_output.OUT),
+    (b"Epoch 1/2 - loss: 2.2538", True, False, False, task_log.OUT),
     (b"Epoch 1/2 - loss: 2.2538", True, True, False, None),  # a quiet task's progress: its log only
-    (b"error: worker 1 failed: fix it", True, True, False, task_output.ERR),  # ... but its error line
+    (b"error: worker 1 failed: fix it", True, True, False, task_log.ERR),  # ... but its error line
     (b"I0000 oneDNN custom operations are on.", True, False, False, None),  # noise: the log only
     (b"I0000 oneDNN custom operations are on.", False, False, False, None),
-    (b"12/16 [===>..]\r16/16 [=====]", False, False, False, task_output.OUT),  # a bar, redrawn
-    (b"12/16 [===>..]\rerror: the disk is full", False, False, True, task_output.ERR),  # an error after a bar
+    (b"12/16 [===>..]\r16/16 [=====]", False, False, False, task_log.OUT),  # a bar, redrawn
+    (b"12/16 [===>..]\rerror: the disk is full", False, False, True, task_log.ERR),  # an error after a bar
 ])
 def test_a_task_output_line_goes_where_its_kind_says(line, prefixed, quiet, on_screen, where):
-    assert task_output.route(line, prefixed, quiet, on_screen) == where
-    assert task_output.last_state(b"1/2 [=>.]\r2/2 [==]\r") == b"2/2 [==]\n"
+    assert task_log.route(line, prefixed, quiet, on_screen) == where
+    assert task_log.last_state(b"1/2 [=>.]\r2/2 [==]\r") == b"2/2 [==]\n"
 
 
 def test_jobs_killed_before_they_record_their_end_are_marked_interrupted(tmp_path):
