@@ -437,6 +437,7 @@ def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message)
     if setup == "corrupt":
         for data_file in (run_dir / "checkpoints").glob("ckpt-*.data-*"):
             data_file.write_bytes(data_file.read_bytes()[:100])  # truncated, as a full disk leaves it
+    before = (run_dir / "status.json").read_bytes()  # the finished run's: "ok"
     if setup in ("corrupt", "trained"):  # (found in the task)
         out = run_cli(run_dir, "trainer.resume=true", *args)
         code, text = out.returncode, out.stdout + out.stderr
@@ -446,6 +447,13 @@ def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message)
     assert code == 2, text[-2000:]
     assert message in text and "Traceback" not in text
     assert sum(line.startswith("error:") for line in text.splitlines()) == 1
+    # Refused before any task starts, the command leaves the run as it was: its status.json says "ok" still,
+    # and no second line says the run failed. (The control: a refusal found in the task, once the run
+    # started again, is that run's failure.)
+    if setup in ("corrupt", "trained"):
+        assert (run_dir / "status.json").read_bytes() != before
+    else:
+        assert (run_dir / "status.json").read_bytes() == before and "the run failed" not in text, text[-2000:]
 
 
 def test_resume_auto_starts_a_new_run_then_goes_on_from_its_checkpoint(tmp_path):

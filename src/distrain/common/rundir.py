@@ -119,6 +119,10 @@ class RunDir:
     def read_status(self) -> dict:
         return read_json(self.status) or {}
 
+    def restore_status(self, content: dict) -> None:
+        """status.json as it was (read_status()): a command refused in a run's directory leaves it so."""
+        storage.record(write_json, self.status, content)
+
     def ended(self) -> str | None:
         """How the run ended, as its status.json says (ok, failed, interrupted; running if its launcher
         was killed), or None if it recorded none."""

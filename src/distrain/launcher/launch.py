@@ -41,6 +41,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
     config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
     run = RunDir(run_dir)
+    earlier = run.read_status()  # a run's here already: a refusal leaves it as it was
     if cfg.trainer.resume == "auto" and run.ended() == "ok":
         return _keep(cfg, run, job, overrides)
     signum = job.stopped_by() if job else None
@@ -63,7 +64,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         config = OmegaConf.to_container(cfg, resolve=True)
         tracked = _tracked(config, run, job, spec, task)
     except ConfigError as exc:
-        return _finish(Outcome(fail(exc), "failed", error_line(exc)), run, config, job)
+        return _finish(Outcome(fail(exc), "failed", error_line(exc)), run, config, job,
+                       earlier=earlier if config is None else None)
     log.info("data: %s from source %s (%s)", schema.label(cfg.data), cfg.data.source, found.how if found else why)
     (logging.getLogger("distrain.config") if job else log).info(
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
@@ -180,12 +182,17 @@ def _resuming(cfg, run: RunDir, workers: int):
     return cfg
 
 
-def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None, overrides=(), tracked=None) -> int:
+def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None, overrides=(), tracked=None,
+            earlier: dict | None = None) -> int:
     """Record how the run ended in status.json (run_tasks wrote it already, before stopping the tasks;
     not so a run refused before it started) and as a TensorBoard session, draw a finished run's
-    curves.png, say it in one line. config: the config.yaml written (None: the run was refused);
-    `overrides`: a single run's, its hyperparameters in TensorBoard."""
-    run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
+    curves.png, say it in one line. config: the config.yaml written (None: the run was refused, and
+    said why); `earlier`: the status.json of a run already in the directory, which a refused command
+    leaves as it was; `overrides`: a single run's, its hyperparameters in TensorBoard."""
+    if earlier:
+        run.restore_status(earlier)
+    else:
+        run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
     if logs_for_tensorboard(config):
         # (TensorBoard's protocol buffers, 0.1 s: only for a run that logs for it)
         from distrain.report import dashboard
@@ -212,7 +219,7 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
         else:
             log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
                       f" - {outcome.error}" if outcome.error else "")
-    elif outcome.code and run.logs.exists():  # (a run refused before it started said why already)
+    elif outcome.code and config is not None and run.logs.exists():  # (one refused said why already)
         log.error("the run %s with exit status %d; logs in %s",
                   "was interrupted" if outcome.status == "interrupted" else "failed", outcome.code, run.logs)
     return outcome.code
