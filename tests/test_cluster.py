@@ -248,7 +248,7 @@ def test_tensorflow_errors_of_a_cluster_are_one_line_for_the_launcher():
     import tensorflow as tf
     from omegaconf import OmegaConf
 
-    from distrain.task.main import lost_peer
+    from distrain.task.failures import lost_peer
 
     cfg = OmegaConf.create({"cluster": {"peer_timeout": 30}})
     remote = ("2 root error(s) found.\n  (0) INTERNAL: {{function_node __wrapped__Identity_device_/job:chief/replica:0/"

@@ -23,8 +23,8 @@ from distrain.config.validate import importable
 from distrain.data import arrays
 from distrain.inference import cluster_parts
 from distrain.task.context import RunContext
+from distrain.task.failures import lost_peer
 from distrain.task.input_data import load_test_data
-from distrain.task.main import lost_peer
 from distrain.task.model import check_model, compile_model
 from distrain.task.optimizer import make_optimizer
 from distrain.task.setup import Built, onednn_line, set_up, strategy_of
@@ -135,7 +135,7 @@ def check_fits(trained: dict, data) -> None:
 def restore(model, run_dir: Path, cfg, checkpoint: str | None) -> str:
     """The run's trained weights into `model`: its SavedModel's (a finished run), else (or with
     checkpoint=latest|PATH) a checkpoint's; what they were, in words."""
-    saved = run_dir / "saved_model"
+    saved = RunDir(run_dir).saved_model
     if checkpoint is None and saved.is_dir():
         loaded = keras.models.load_model(str(saved), compile=False)
         theirs = loaded.get_weights()
