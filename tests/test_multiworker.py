@@ -203,13 +203,16 @@ def test_parameter_server_workers_are_restarted_within_their_budget_then_leave_t
     left, everyone = seen["left"], seen["everyone"]
     assert code == 130 and "Traceback" not in out, out[-4000:]
     for i, times in ((0, 2), (1, 1)):
-        assert out.count(f"task worker-{i} exited with status -9: restarting it on its own address (restart 1 of 1 "
+        assert out.count(f"task worker-{i} was killed by SIGKILL (signal 9): restarting it on its own address "
+                         f"(restart 1 of 1 "
                          f"within {window} s (cluster.restart_window), cluster.max_restarts)") == times
-    assert (f"task worker-0 exited with status -9 and worker-0 was restarted 1 time(s) already within {window} s "
+    assert (f"task worker-0 was killed by SIGKILL (signal 9) and worker-0 was restarted 1 time(s) already within "
+            f"{window} s "
             "(cluster.restart_window) (cluster.max_restarts=1): it leaves the run, which goes on with 1 worker(s)"
             ) in out
     assert left[1][0] == left[0][0] and left[1][1] > left[0][1]
-    assert ("task worker-1 exited with status -9 (worker-0 left the run, and TensorFlow's coordinator takes a worker "
+    assert ("task worker-1 was killed by SIGKILL (signal 9) (worker-0 left the run, and TensorFlow's coordinator "
+            "takes a worker "
             "back only once every worker answers): restarting the cluster from its latest checkpoint (restart 1 of 1 "
             f"within {window} s (cluster.restart_window), cluster.max_restarts)") in out
     assert all(n > 0 for n in everyone)  # the restarted cluster trains on every worker, worker 0 too
@@ -240,7 +243,7 @@ def test_a_parameter_server_worker_with_no_restart_left_leaves_and_the_run_ends_
                               "trainer.verbose=2", "trainer.save_model=false", "cluster.max_restarts=0", "model=mlp",
                               chaos=kill_in_epoch_2(run_dir / "logs" / "chief-0.log", run_dir, "worker-1"))
     assert code == 0, out[-4000:]
-    assert "task worker-1 exited with status -9: it leaves the run, which goes on with 1 worker(s)" in out
+    assert "task worker-1 was killed by SIGKILL (signal 9): it leaves the run, which goes on with 1 worker(s)" in out
     results = json.loads((run_dir / "results.json").read_text())
     loss = results["history"]["loss"]
     assert len(loss) == 6 and loss[-1] < loss[0], loss  # it learned (no accuracy bound on async steps: above)

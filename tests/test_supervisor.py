@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from distrain.common.cluster import Task
 from distrain.common.rundir import RunDir
 from distrain.launcher import cluster_tasks, supervisor
 from distrain.launcher.restarts import (
@@ -108,7 +109,7 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     ps = SimpleNamespace(name="ps-0", alone=False)
     for worker in (w0, w1, w2, w0):
         assert restarts.may_restart(worker)
-        restarts.take(worker, -9, f"task {worker.name} exited with status -9", "it on its own address", [worker])
+        restarts.take(worker, -9, f"task {worker.name} was killed by SIGKILL", "it on its own address", [worker])
     # w0 twice; the cluster never
     assert not restarts.may_restart(w0) and restarts.may_restart(w1) and restarts.may_restart(ps)
     assert restarts.per_task == {"worker-0": 2, "worker-1": 1, "worker-2": 1}
@@ -116,7 +117,7 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
         "task worker-0 died and worker-0 was restarted 2 time(s) already within 3600 s (cluster.restart_window) "
         "(cluster.max_restarts=2); raise cluster.max_restarts, or read its log for why it keeps dying")
     assert restarts.exhausted("task ps-0 died", ps) == "task ps-0 died"  # the cluster's budget: untouched
-    restarts.take(ps, -9, "task ps-0 exited with status -9", "the cluster from its latest checkpoint", [ps, w0])
+    restarts.take(ps, -9, "task ps-0 was killed by SIGKILL", "the cluster from its latest checkpoint", [ps, w0])
     assert restarts.may_restart(ps) and "the cluster was restarted 1 time(s)" in restarts.exhausted("x", ps)
     # (what a task losing a peer is told)
     assert restarts.may_restart_cluster() and not Restarts(0).may_restart_cluster()
@@ -127,7 +128,28 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     ever = Restarts(1, window=0, clock=lambda: now[0])
     ever.take(w0, -9, "w0 died", "it on its own address", [w0])
     now[0] += 10 ** 6
-    assert not ever.may_restart(w0) and Restarts(0).exhausted("task worker-1 died", w0) == "task worker-1 died"
+    assert not ever.may_restart(w0)
+    assert Restarts(0).exhausted("task worker-1 died", w0) == "task worker-1 died, and cluster.max_restarts=0 " \
+        "allows no restart"
+
+
+def test_a_synchronous_worker_lost_with_no_restart_names_the_budget_and_min_workers():
+    """The error line of a multi_worker_mirrored worker lost for good: the budget that allowed no restart and
+    the cluster.min_workers that would go on without it; a ps task (whose variables are its alone) gets no
+    such hint, nor does a cluster of one worker."""
+    worker = SimpleNamespace(name="worker-1", alone=False, task=Task("worker", 1, "127.0.0.1:1"))
+    why = "task worker-1 was killed by SIGKILL (signal 9)"
+    assert Restarts(0, workers=2).exhausted(why, worker) == (
+        "task worker-1 was killed by SIGKILL (signal 9), and cluster.max_restarts=0 allows no restart; "
+        "cluster.min_workers=1 would go on without it")
+    spent = Restarts(1, workers=3)
+    spent.take(worker, -9, why, "the cluster from its latest checkpoint", [worker])
+    assert spent.exhausted(why, worker).endswith("for why it keeps dying; cluster.min_workers=2 would go on without it")
+    ps = SimpleNamespace(name="ps-0", alone=False, task=Task("ps", 0, "127.0.0.1:2"))
+    assert Restarts(0, workers=2).exhausted("ps-0 died", ps) == "ps-0 died, and cluster.max_restarts=0 allows no " \
+        "restart"
+    assert "min_workers" not in Restarts(0, workers=1).exhausted(why, worker)
+    assert Restarts(2, workers=2).exhausted(why, worker) == why  # (a budget not spent: the cluster restarts)
 
 
 def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path):
@@ -142,12 +164,12 @@ def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path)
         task.log_path.write_text("Epoch 3/9 - global step 96\n")
         tasks.append(task)
     def worker_1_left(budget: Restarts) -> Restarts:
-        budget.leave(tasks[1], -9, "task worker-1 exited with status -9", 1)
+        budget.leave(tasks[1], -9, "task worker-1 was killed by SIGKILL (signal 9)", 1)
         return budget
 
     outcome = supervisor._ended(tasks, {"worker-1"}, RunDir(tmp_path), worker_1_left(Restarts(0)), lambda status: None)
-    assert outcome.status == "failed" and outcome.code == -9
-    assert outcome.error == ("task worker-0 exited with status -9, and no other worker is left; raise "
+    assert outcome.status == "failed" and outcome.code == 1  # (a shell reads 1: the signal is in the line)
+    assert outcome.error == ("task worker-0 was killed by SIGKILL (signal 9), and no other worker is left; raise "
                              "cluster.max_restarts, or read the workers' logs for why they die")
     budget = worker_1_left(Restarts(1))  # the control: with a restart left, the cluster restarts instead
     outcome = supervisor._ended(tasks, {"worker-1"}, RunDir(tmp_path), budget, lambda status: None)
@@ -159,8 +181,8 @@ def test_the_last_worker_lost_past_its_budget_ends_the_run_in_one_line(tmp_path)
 def test_a_lone_tasks_death_by_a_signal_names_it_and_how_to_go_on():
     """(The run itself, killed by hand: test_resume.)"""
     assert signalled("train", -11, "run", False) == \
-        "task train exited with status -11 (SIGSEGV) before its first checkpoint: run the command again"
+        "task train was killed by SIGSEGV (signal 11) before its first checkpoint: run the command again"
     assert signalled("train", -9, "out/run", True) == \
-        "task train exited with status -9 (SIGKILL): go on from its latest checkpoint with trainer.resume=true " \
+        "task train was killed by SIGKILL (signal 9): go on from its latest checkpoint with trainer.resume=true " \
         "hydra.run.dir=out/run"
-    assert signalled("train", -200, "run", True).startswith("task train exited with status -200: ")  # no such signal
+    assert signalled("train", -200, "run", True).startswith("task train was killed by signal 200: ")  # no such signal

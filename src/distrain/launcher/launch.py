@@ -220,6 +220,8 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
             log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
                       f" - {outcome.error}" if outcome.error else "")
     elif outcome.code and config is not None and run.logs.exists():  # (one refused said why already)
-        log.error("the run %s with exit status %d; logs in %s",
-                  "was interrupted" if outcome.status == "interrupted" else "failed", outcome.code, run.logs)
+        # The last line a user reads: what ended the run, where bad input's own line has not said it.
+        cause = f": {outcome.error}" if outcome.status == "failed" and outcome.code != 2 and outcome.error else ""
+        log.error("the run %s%s (exit status %d); logs in %s",
+                  "was interrupted" if outcome.status == "interrupted" else "failed", cause, outcome.code, run.logs)
     return outcome.code

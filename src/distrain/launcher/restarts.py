@@ -62,12 +62,20 @@ def per_worker(batch: int, workers: int) -> str:
 DEPARTED = "no: it left the run"  # the record of a worker past its budget (Restarts.leave)
 
 
+def how_ended(name: str, code: int) -> str:
+    """How a task ended, in words: its exit status, or the signal that killed it (a status of -N)."""
+    if code < 0:
+        known = -code in set(signal.Signals)
+        return f"task {name} was killed by " + (f"{signal.Signals(-code).name} (signal {-code})" if known
+                                                else f"signal {-code}")
+    return f"task {name} exited with status {code}"
+
+
 def signalled(name: str, code: int, run_dir: str, checkpointed: bool) -> str:
     """The line of a run's one task that a signal ended (kill -9, a crash): no restart, so how to go on."""
-    how = f"{code} ({signal.Signals(-code).name})" if -code in set(signal.Signals) else str(code)
     then = f": go on from its latest checkpoint with trainer.resume=true hydra.run.dir={run_dir}" if checkpointed \
         else " before its first checkpoint: run the command again"
-    return f"task {name} exited with status {how}{then}"
+    return f"{how_ended(name, code)}{then}"
 
 
 class Restarts:
@@ -168,10 +176,17 @@ class Restarts:
                f"(cluster.max_restarts={self.limit})"
 
     def exhausted(self, why: str, task) -> str:
-        """The line for a task past its budget: spent(), and what to do about it."""
-        if not self._counted(task):
+        """The line for a task past its budget: spent(), and what to do about it; for a synchronous worker,
+        the cluster.min_workers that would have gone on without it."""
+        if self._counted(task):
+            line = f"{self.spent(why, task)}; raise cluster.max_restarts, or read its log for why it keeps dying"
+        elif self.limit == 0:
+            line = f"{why}, and cluster.max_restarts=0 allows no restart"
+        else:
             return why
-        return f"{self.spent(why, task)}; raise cluster.max_restarts, or read its log for why it keeps dying"
+        if not task.alone and task.task is not None and task.task.type == "worker" and self.workers > 1:
+            line += f"; cluster.min_workers={self.workers - 1} would go on without it"
+        return line
 
     def _within(self) -> str:
         return f" within {self.window:g} s (cluster.restart_window)" if self.window else ""
