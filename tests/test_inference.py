@@ -193,6 +193,52 @@ def test_a_test_folder_of_some_classes_is_matched_to_the_models_classes_by_name(
         in capsys.readouterr().err
 
 
+def test_predictions_name_the_classes_wherever_the_run_or_the_data_names_them(trained, tmp_path, capsys):
+    """New arrays predicted by a model trained with data.class_names (class_names.txt): the CSV's class and
+    columns are the names, the .npz and .tfrecord keep indices with the names beside them; shards whose
+    records name their classes (image/class/text) name them too. Control: the run that names none gives
+    indices, as before."""
+    import csv
+    import shutil
+
+    import tensorflow as tf
+
+    run, pixels, x, y = trained
+    named = tmp_path / "named"
+    shutil.copytree(run, named, ignore=shutil.ignore_patterns("evaluations"))
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    (named / "saved_model" / "class_names.txt").write_text("\n".join(names) + "\n")
+    np.savez(tmp_path / "new.npz", x=pixels[:40])
+    new = ["data=npz", f"data.path={tmp_path / 'new.npz'}"]  # (data replaced: its class_names are the model's)
+    best = plain_model(run).predict(x[:40], verbose=0).argmax(axis=1)
+
+    def table(out):
+        return list(csv.reader(io.StringIO(out.read_text())))
+
+    for given, out, columns, classes in ((named, "named.csv", names, [names[c] for c in best]),
+                                         (run, "plain.csv", [str(c) for c in range(10)], [str(c) for c in best])):
+        assert use("predict", given, *new, f"out={tmp_path / out}") == 0, capsys.readouterr().err
+        rows = table(tmp_path / out)
+        assert rows[0] == ["index", "source", "class", *(f"p_{c}" for c in columns)]
+        assert [row[2] for row in rows[1:]] == classes
+    for given, out in ((named, "named"), (run, "plain")):
+        assert use("predict", given, *new, f"out={tmp_path / out}.npz") == 0
+        assert use("predict", given, *new, f"out={tmp_path / out}.tfrecord") == 0
+    with np.load(tmp_path / "named.npz") as found, np.load(tmp_path / "plain.npz") as plain:
+        assert list(found["class_names"]) == names and "class_names" not in plain
+        assert found["predictions"].argmax(axis=1).tolist() == best.tolist()  # (indices still)
+    spec = {"class_names": tf.io.VarLenFeature(tf.string)}
+    for out, expected in (("named", [n.encode() for n in names]), ("plain", [])):
+        first = next(iter(tf.data.TFRecordDataset(str(tmp_path / f"{out}.tfrecord"))))
+        assert tf.io.parse_single_example(first, spec)["class_names"].values.numpy().tolist() == expected
+    # Shards that name their classes, predicted by the run that names none: the records' names.
+    letters = [chr(ord("a") + c) for c in range(10)]
+    write_tfrecords.write(pixels[:40], y[:40], tmp_path / "shards", "test", 2, names=letters)
+    assert use("predict", run, "data=tfrecord", f"data.test_files={tmp_path / 'shards'}/test-*",
+               f"out={tmp_path / 'shards.csv'}") == 0, capsys.readouterr().err
+    assert table(tmp_path / "shards.csv")[0][2:] == ["class", *(f"p_{c}" for c in letters)]
+
+
 def test_an_override_of_the_runs_own_data_is_composed_with_its_option():
     """`data.test_files=...` on a run of data=tfrecord is data=tfrecord's key (composed alone, it is a key of
     the default data option's, which has none: the control)."""

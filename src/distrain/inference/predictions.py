@@ -1,7 +1,9 @@
 """What `distrain predict` writes (commands.predict_run), whole or not at all: .npz (the outputs as
 Keras's predict() gives them, and each example's index), .csv (a row per example: its index, source and
-outputs, with the class and probabilities of a classifier's), .tfrecord (an Example per input). Runs in the
-command's process, after the outputs are computed."""
+outputs, with the class and probabilities of a classifier's), .tfrecord (an Example per input). A
+classifier's class names, where the data or the trained model names them, are the CSV's classes and
+columns, and are kept beside the indices of the other two. Runs in the command's process, after the
+outputs are computed."""
 import csv
 import io
 from pathlib import Path
@@ -15,18 +17,19 @@ def write(out: Path, outputs, data, probabilities: bool) -> None:
     """The outputs (float32, one row per test example of `data`, in order) into `out`, by its suffix;
     probabilities: whether a classifier's outputs are probabilities already (else logits)."""
     index = np.arange(len(outputs))
-    if out.suffix == ".npz":
+    classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
+    names = list(data.class_names or []) if classes else []  # (the data's, else the trained model's)
+    if out.suffix == ".npz":  # the outputs by index, the names beside them
         buffer = io.BytesIO()
-        np.savez(buffer, predictions=outputs, index=index)
+        np.savez(buffer, predictions=outputs, index=index, **({"class_names": np.array(names)} if names else {}))
         storage.write_atomic(out, buffer.getvalue())
     elif out.suffix == ".tfrecord":
         from distrain.task import records
 
-        records.write_outputs(out, index, sources(data), outputs)
+        records.write_outputs(out, index, sources(data), outputs, names)
     else:
-        classes = data.labels == "classes" and outputs.ndim == 2 and outputs.shape[1] == data.classes > 1
         shown = outputs if probabilities or not classes else softmax(outputs)
-        storage.write_atomic(out, _csv(index, sources(data), shown, classes, data.class_names))
+        storage.write_atomic(out, _csv(index, sources(data), shown, classes, names))
 
 
 def softmax(logits):

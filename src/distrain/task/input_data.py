@@ -124,12 +124,14 @@ def load_data(cfg, context: RunContext) -> TrainingData:
 def load_test_data(cfg, context: RunContext, known: list | None = None) -> TrainingData:
     """The test split alone, as evaluate and predict read it (the training split is not read: two test
     examples stand in for it in the model's checks). known: the trained model's class names, which an
-    image folder's class folders are matched to by name. Inputs without labels are read with labels 0
+    image folder's class folders are matched to by name, and which name the classes of data that names
+    none (new arrays, shards without image/class/text). Inputs without labels are read with labels 0
     (labelled False). data.num_classes, where set, is the model's outputs."""
     if cfg.data.source in schema.FILE_SOURCES:
         content = context.run.read_data()
         found = files.from_json(content) if content else files.scan(cfg.data, cfg.trainer.seed, train=False,
                                                                      known=known)
+        found.class_names = found.class_names or _fitting(known, found.num_classes)
         return Files(found, 1, file_reader(found, cfg).source.sample())
     reads = schema.labels_read(cfg.loss, cfg.data)
     x, y = arrays.load_test(cfg.data, cfg.trainer.seed, reads)
@@ -140,11 +142,17 @@ def load_test_data(cfg, context: RunContext, known: list | None = None) -> Train
     if not labelled:
         y = np.zeros(len(x), np.int32) if labels == "classes" else np.zeros((len(x), 1), np.float32)
     classes = arrays.num_classes(cfg.data, (y,), labels == "classes")
-    return Arrays(x[:2], y[:2], x, y, classes, 1, labels, labelled=labelled, class_names=_names(cfg.data))
+    return Arrays(x[:2], y[:2], x, y, classes, 1, labels, labelled=labelled,
+                  class_names=_names(cfg.data) or (_fitting(known, classes) if labels == "classes" else None))
 
 
 def _names(data) -> list | None:
     return list(data.class_names) if data.get("class_names") else None
+
+
+def _fitting(known: list | None, classes: int) -> list:
+    """The trained model's class names where they are one per class of the data (else none)."""
+    return list(known) if known and len(known) == classes else []
 
 
 def _steps(t, examples: int) -> int:

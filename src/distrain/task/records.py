@@ -43,14 +43,17 @@ def _floats(values):
     return tf.train.Feature(float_list=tf.train.FloatList(value=values))
 
 
-def write_outputs(out: Path, index, where: list, outputs) -> None:
-    """One tf.train.Example per input: its index, its source and its outputs (flattened), written to a
-    temporary name and renamed (no half file under `out`)."""
+def write_outputs(out: Path, index, where: list, outputs, names=()) -> None:
+    """One tf.train.Example per input: its index, its source and its outputs (flattened), and a classifier's
+    class names where known (`class_names`, in output order), written to a temporary name and renamed (no
+    half file under `out`)."""
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    named = {"class_names": tf.train.Feature(bytes_list=tf.train.BytesList(value=[str(n).encode() for n in names]))}
     try:
         with tf.io.TFRecordWriter(str(tmp)) as writer:
             for i, w, row in zip(index, where, outputs.reshape(len(outputs), -1)):
-                feature = {"index": _ints(int(i)), "source": _bytes(w.encode()), "outputs": _floats(row)}
+                feature = {"index": _ints(int(i)), "source": _bytes(w.encode()), "outputs": _floats(row),
+                           **(named if names else {})}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
         os.replace(tmp, out)
     finally:
