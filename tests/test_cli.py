@@ -82,6 +82,34 @@ def test_cfg_job_prints_a_valid_config_and_runs_nothing(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_preset_that_makes_a_sweep_is_one_whatever_the_command_line_says_of_the_mode(tmp_path):
+    """Hydra's composition that reads hydra.mode is skipped where no option the command can select sets it
+    (cli._mode_from_presets_only); a preset of the package's and one of the user's (its group named in
+    another's defaults list, read as text) still make their command a sweep. Control: a plain run is one."""
+    from distrain import cli
+
+    conf = tmp_path / "conf"
+    (conf / "study").mkdir(parents=True)
+    (conf / "study" / "lrs.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n  sweeper:\n"
+                                             "    params:\n      trainer.learning_rate: 0.1,0.2\n")
+    (conf / "bundle").mkdir()
+    (conf / "bundle" / "both.yaml").write_text("# @package _global_\ndefaults:\n  - /study: lrs\n")
+    (conf / "model").mkdir()
+    (conf / "model" / "tiny.yaml").write_text("defaults:\n  - mlp\n")
+    assert cli.groups_setting_mode([cli.CONFIG_DIR]) == {"experiment", "hparams_search"}
+    found = cli.groups_setting_mode([cli.CONFIG_DIR, conf])  # (a word "study" elsewhere: a doubt, counted)
+    assert {"experiment", "hparams_search", "study", "bundle"} <= found and "model" not in found, found
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "config.yaml").write_text("defaults:\n  - _self_\n")  # a primary config: anything goes
+    assert cli.groups_setting_mode([cli.CONFIG_DIR, tmp_path / "own"]) is None
+    for n, chosen in enumerate(["experiment=strategies", "+bundle=both"]):  # (refused in each job: quick)
+        code, out, err = here(tmp_path, ["--config-dir", "conf", chosen, "trainer.epochs=0",
+                                         f"hydra.sweep.dir=sweep{n}", f"hydra.run.dir=run{n}"])
+        assert code == 1 and "Sweep summary (" in out and (tmp_path / f"sweep{n}" / "summary.csv").exists(), out[-2000:]
+    code, out, err = here(tmp_path, ["--config-dir", "conf", "model=tiny", "trainer.epochs=0", "hydra.run.dir=r"])
+    assert code == 2 and "Sweep summary" not in out and err.startswith("error: trainer.epochs=0"), (out, err)
+
+
 def test_default_run_on_the_bundled_data_meets_the_quality_bar(tmp_path, monkeypatch):
     """`python train.py` with no choices (download off so the test never needs the network). It leaves
     nothing in the temporary directory."""

@@ -106,7 +106,7 @@ def test_restart_budgets_are_per_task_alone_and_for_the_cluster_over_a_window():
     now = [1000.0]
     restarts = Restarts(2, window=3600, clock=lambda: now[0])
     w0, w1, w2 = (SimpleNamespace(name=f"worker-{i}", alone=True) for i in range(3))
-    ps = SimpleNamespace(name="ps-0", alone=False)
+    ps = SimpleNamespace(name="ps-0", alone=False, task=Task("ps", 0, "127.0.0.1:1"))
     for worker in (w0, w1, w2, w0):
         assert restarts.may_restart(worker)
         restarts.take(worker, -9, f"task {worker.name} was killed by SIGKILL", "it on its own address", [worker])

@@ -1,4 +1,4 @@
-"""Every private name of TensorFlow, tf_keras and TensorBoard that distrain uses, in one place, each with
+"""Every private name of TensorFlow, tf_keras, TensorBoard and Hydra that distrain uses, in one place, each with
 why no public API does (tests/test_layout.py fails by name when an upgrade moves one, and no other module
 imports `tensorflow.python`, `tf_keras.src` or a private attribute). `get(NAME)` imports it when called:
 nothing is imported with this module, so either side may use it; TensorFlow's come in task processes only
@@ -31,6 +31,9 @@ PRIVATE = {
                           "launcher/forkserver.convert_ahead: Model.make_test_function's inner function"),
     "keras_saving_utils": ("tf_keras.src.saving.legacy.saving_utils", None,
                            "launcher/forkserver.convert_ahead: the traced model call of a SavedModel"),
+    "hydra_class": ("hydra._internal.hydra", "Hydra",
+                    "cli._mode_from_presets_only: Hydra.get_mode composes the whole config to read hydra.mode, "
+                    "which hydra.main offers no way to skip where no option can set it"),
     "hparams_summary_pb": ("tensorboard.plugins.hparams.summary_v2", "_summary_pb",
                            "report/dashboard: an HParams session's end, which the public API does not write"),
 }
