@@ -17,20 +17,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402 - after the environment is set
-import tf_keras as keras  # noqa: E402 - after the environment is set
 
 BUNDLED = Path(__file__).resolve().parents[1] / "src" / "distrain" / "data" / "mnist-10k.npz"
-
-
-class EpochTimes(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.seconds = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self.start)
 
 
 def main() -> None:
@@ -42,6 +30,7 @@ def main() -> None:
     parser.add_argument("--mixed-bfloat16", action="store_true")
     parser.add_argument("--out", type=Path)
     opts = parser.parse_args()
+    import tf_keras as keras  # (here: --help answers without TensorFlow)
 
     with np.load(BUNDLED) as f:
         images, labels = f["images"], f["labels"]
@@ -67,11 +56,14 @@ def main() -> None:
     model.compile(optimizer=keras.optimizers.Adam(0.002),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                   jit_compile=opts.jit_compile)
-    times = EpochTimes()
+    seconds, started = [], []
+    times = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: started.append(time.perf_counter()),
+                                           on_epoch_end=lambda epoch, logs: seconds.append(time.perf_counter()
+                                                                                           - started[-1]))
     model.fit(x_train, y_train, batch_size=opts.batch, epochs=opts.epochs, shuffle=True, verbose=0, callbacks=[times])
     _, accuracy = model.evaluate(x_test, y_test, batch_size=opts.batch, verbose=0)
-    timed = times.seconds[1:] or times.seconds
-    results = {"examples_per_sec": len(y_train) * len(timed) / sum(timed), "epoch_seconds": times.seconds,
+    timed = seconds[1:] or seconds
+    results = {"examples_per_sec": len(y_train) * len(timed) / sum(timed), "epoch_seconds": seconds,
                "test_accuracy": float(accuracy)}
     print(json.dumps(results))
     if opts.out:
