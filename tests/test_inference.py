@@ -239,6 +239,60 @@ def test_predictions_name_the_classes_wherever_the_run_or_the_data_names_them(tr
     assert table(tmp_path / "shards.csv")[0][2:] == ["class", *(f"p_{c}" for c in letters)]
 
 
+def test_the_served_model_takes_what_predict_takes_and_names_the_classes(trained, tmp_path, capsys):
+    """The SavedModel's serving signature and the MLflow pyfunc model (saved here, no tracking server) take
+    the images as the data gave them (uint8, with or without the channel axis) and floats as the model takes
+    them, and give distrain predict's outputs (1e-6); where the run named its classes, the signature's
+    `class` and the pyfunc's columns are the names. The same for an RGB model of an image folder's uint8
+    (N, H, W, 3). Control: the pixels unscaled give other outputs."""
+    import mlflow.pyfunc
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from distrain.report.tracking import MODEL_CODE
+    from distrain.task.training import save_model
+
+    run, pixels, x, _ = trained
+    assert use("predict", run, f"out={tmp_path / 'p.npz'}") == 0, capsys.readouterr().err
+    with np.load(tmp_path / "p.npz") as found:
+        expected = found["predictions"][:16]
+    images = pixels[:16, ..., 0]  # uint8 (16, 28, 28), as the bundled digits are
+    serving = tf.saved_model.load(str(run / "saved_model")).signatures
+    for given in (images, images[..., None]):
+        (outputs,) = serving["serving_default"](image=tf.constant(given)).values()
+        np.testing.assert_allclose(outputs.numpy(), expected, rtol=1e-5, atol=1e-6)
+    (outputs,) = serving["serving_float"](image=tf.constant(x[:16])).values()
+    np.testing.assert_allclose(outputs.numpy(), expected, rtol=1e-5, atol=1e-6)
+    (unscaled,) = serving["serving_float"](image=tf.constant(images[..., None].astype("float32"))).values()
+    assert not np.allclose(unscaled.numpy(), expected, rtol=1e-5, atol=1e-6)  # the control
+
+    def pyfunc(saved, where):
+        mlflow.pyfunc.save_model(str(where), python_model=str(MODEL_CODE), artifacts={"saved_model": str(saved)})
+        return mlflow.pyfunc.load_model(str(where))
+
+    served = pyfunc(run / "saved_model", tmp_path / "plain")
+    for given in (images, images[..., None], x[:16]):
+        np.testing.assert_allclose(served.predict(given), expected, rtol=1e-5, atol=1e-6)
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    model = keras.models.load_model(str(run / "saved_model"), compile=False)
+    save_model(model, tmp_path / "named", names, include_optimizer=False, pixels=True)
+    table = pyfunc(tmp_path / "named", tmp_path / "named_pyfunc").predict(images)
+    assert list(table.columns) == names
+    np.testing.assert_allclose(table.to_numpy(), expected, rtol=1e-5, atol=1e-6)
+    found = tf.saved_model.load(str(tmp_path / "named")).signatures["serving_default"](image=tf.constant(images))
+    assert [c.decode() for c in found["class"].numpy()] == [names[i] for i in expected.argmax(axis=1)]
+    # An RGB model of an image folder: uint8 (N, H, W, 3).
+    rgb = keras.Sequential([keras.Input((8, 8, 3), name="image"), keras.layers.Flatten(), keras.layers.Dense(3)])
+    save_model(rgb, tmp_path / "rgb", ["red", "green", "blue"], include_optimizer=False, pixels=True)
+    colours = np.random.default_rng(0).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
+    wanted = rgb.predict(colours.astype("float32") / 255.0, verbose=0)
+    np.testing.assert_allclose(pyfunc(tmp_path / "rgb", tmp_path / "rgb_pyfunc").predict(colours).to_numpy(), wanted,
+                               rtol=1e-5, atol=1e-6)
+    found = tf.saved_model.load(str(tmp_path / "rgb")).signatures["serving_default"](image=tf.constant(colours))
+    assert sorted(found) == ["class", rgb.output_names[0]]
+    np.testing.assert_allclose(found[rgb.output_names[0]].numpy(), wanted, rtol=1e-5, atol=1e-6)
+
+
 def test_an_override_of_the_runs_own_data_is_composed_with_its_option():
     """`data.test_files=...` on a run of data=tfrecord is data=tfrecord's key (composed alone, it is a key of
     the default data option's, which has none: the control)."""

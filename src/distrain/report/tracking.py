@@ -279,15 +279,27 @@ class Tracked:
                                     if k in results])
 
     def _log_model(self, results: dict) -> str:
-        """The SavedModel as an MLflow pyfunc model (mlflow_model.py loads it with tf_keras), its input
-        signature from the run's input shape. Its URI."""
+        """The SavedModel as an MLflow pyfunc model (mlflow_model.py loads it with tf_keras). Its signature
+        gives the outputs (a column per class where the run named them); the inputs, which it takes in
+        more than one form (uint8 images as the data gave them, with or without a channel axis of 1, or
+        floats as the model takes them), are said in its metadata, not enforced by a schema of one form
+        (MLflow's checks a tensor's exact dtype and rank). Its URI."""
         import mlflow
         import numpy as np
         from mlflow.models import ModelSignature
-        from mlflow.types import Schema, TensorSpec
+        from mlflow.types import ColSpec, Schema, TensorSpec
 
-        shape = (-1, *results["input_shape"]) if results.get("input_shape") else (-1,)
-        signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype("float32"), shape)]))
+        names_file = self.run.saved_model / "class_names.txt"
+        names = names_file.read_text().splitlines() if names_file.is_file() else None
+        outputs = Schema([ColSpec("float", n) for n in names]) if names else \
+            Schema([TensorSpec(np.dtype("float32"), (-1, results.get("num_classes") or -1))])
+        shape = list(results.get("input_shape") or [])
+        bare = shape[:-1] if shape[-1:] == [1] else shape
+        inputs = (f"uint8 images of shape (-1, {', '.join(map(str, shape))})"
+                  + (f" or (-1, {', '.join(map(str, bare))})" if bare != shape else "")
+                  + " as the data gave them (scaled / 255 as training scaled them), or float32 as the model takes "
+                  f"them (-1, {', '.join(map(str, shape))})")
+        signature = ModelSignature(outputs=outputs)
         tf = importlib.metadata.version("tensorflow")
         # (quiet: its advice on input examples, and the links it prints as the run is left)
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -296,7 +308,7 @@ class Tracked:
             with mlflow.start_run(run_id=self.run_id):  # (the model is the run's)
                 info = mlflow.pyfunc.log_model(name="model", python_model=str(MODEL_CODE),
                                                artifacts={"saved_model": str(self.run.saved_model)},
-                                               signature=signature,
+                                               signature=signature, metadata={"inputs": inputs},
                                                pip_requirements=[f"tensorflow=={tf}", f"tf-keras=={tf}",
                                                                  f"mlflow=={importlib.metadata.version('mlflow')}"])
         return info.model_uri

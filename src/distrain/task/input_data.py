@@ -26,6 +26,7 @@ class TrainingData(Protocol):
     sample: np.ndarray  # two examples, for the model's checks
     sample_labels: np.ndarray
     class_names: list | None
+    pixels: bool  # its inputs are uint8 images, scaled to [0, 1] as they are read (input_pipeline.py)
     streamed: bool  # every task reads the files itself (else arrays in memory)
     labelled: bool  # False: inputs alone (predict's new data), their labels 0
 
@@ -55,6 +56,7 @@ class Arrays(NamedTuple):
     test_examples = property(lambda self: len(self.y_test))
     sample = property(lambda self: self.x_train[:2])  # what check_model runs the model on
     sample_labels = property(lambda self: self.y_train[:2])
+    pixels = property(lambda self: self.x_train.dtype == np.uint8)
     streamed = False  # in memory: a parameter-server worker is sent them, or reads them from IDX files
 
     def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
@@ -87,6 +89,7 @@ class Files(NamedTuple):
     labelled = property(lambda self: self.found.labelled)
     sample_labels = property(lambda self: np.zeros(len(self.sample), np.int32))  # (class labels)
     labels = "classes"
+    pixels = True  # (images, decoded to uint8)
     streamed = True  # every task reads the files itself
 
     def reader(self, cfg, training: bool = True, validation: bool = False, **kwargs) -> InputReader:
