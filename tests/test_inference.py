@@ -332,6 +332,31 @@ def test_bad_input_is_one_line_and_writes_nothing(trained, tmp_path, monkeypatch
     assert [p.name for p in tmp_path.iterdir()] == made and not list((tmp_path / "d.csv").glob("*"))  # nothing written
 
 
+def test_a_refusal_found_by_the_commands_tasks_leaves_the_run_as_it_was(trained, tmp_path, capsys):
+    """evaluate on inputs without labels, on a 2-worker cluster: its tasks find the refusal after the command
+    laid out evaluations/evaluate/ and its logs; every file of the run is as it was, byte for byte, and one
+    line says why. The control: an evaluation that runs does write there."""
+    import hashlib
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained[0], run)
+    np.savez(tmp_path / "new.npz", x=trained[1][:40])
+
+    def files():
+        return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(run.rglob("*")) if p.is_file()}
+    before = files()
+    code = use("evaluate", run, "strategy=multi_worker_mirrored", "cluster.workers=2", "data=npz",
+               f"data.path={tmp_path / 'new.npz'}")
+    err = capsys.readouterr().err
+    assert code == 2 and [line for line in err.splitlines() if line.startswith("error: ")] == [
+        f"error: evaluate needs labels, and npz holds inputs alone ({tmp_path / 'new.npz'} has no y_test or y): give "
+        "labelled data, or use distrain predict for the outputs"], err
+    assert files() == before
+    assert use("evaluate", run, "name=control") == 0 and files() != before
+
+
 def test_data_that_does_not_fit_the_model_says_both(trained, tmp_path, capsys):
     run = trained[0]
     npz = tmp_path / "small.npz"

@@ -3,6 +3,7 @@ strategies ends with the same weights as a run that was never stopped (model=mlp
 
 Multi-process tests are bounded in time and check that no process they caused is left behind.
 """
+import hashlib
 import json
 import os
 import re
@@ -416,19 +417,29 @@ def test_a_cluster_that_shrank_grows_back_once_its_restart_budget_renews(tmp_pat
     assert_nothing_left(tmp_path)
 
 
+def files_of(run_dir: Path) -> dict:
+    """Every file of a directory, by its bytes' digest."""
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.parametrize("setup, args, message", [
-    ("no checkpoint", [], "holds no checkpoint to resume from"),
-    ("ok", ["model=cnn"], "model=cnn contradicts the run being resumed, which has 'mlp'"),
-    ("ok", ["trainer.batch_size=32"], "trainer.batch_size=32 contradicts the run being resumed, which has 64"),
-    ("corrupt", [], "cannot be resumed"),
-    ("trained", ["trainer.epochs=1"],  # (it would end as it is, untrained)
+    ("no checkpoint", ["trainer.resume=true"], "holds no checkpoint to resume from"),
+    ("ok", ["trainer.resume=true", "model=cnn"], "model=cnn contradicts the run being resumed, which has 'mlp'"),
+    ("ok", ["trainer.resume=true", "trainer.learning_rate=0.01"],  # (the issue's, verbatim)
+     "trainer.learning_rate=0.01 contradicts the run being resumed, which has 0.002"),
+    ("ok", [], "holds a run already, which ended ok"),
+    ("corrupt", ["trainer.resume=true"], "cannot be resumed"),
+    ("trained", ["trainer.resume=true", "trainer.epochs=1"],  # (it would end as it is, untrained)
      "trainer.epochs=1, but the run being resumed has trained 2 epoch(s) already: set trainer.epochs=2 or more to go "
      "on with it"),
 ])
-def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message):
-    """(A directory with no run in it: the bad-input catalogue.) All but the corrupt checkpoint and the
-    epochs the checkpoint holds are found before any task starts, so they are checked in this process.
-    (The last one's control, a resume to more epochs: the trainer.resume=auto test below.)"""
+def test_bad_resumes_are_one_line_and_leave_the_run_as_it_was(tmp_path, uninterrupted, setup, args, message):
+    """(A directory with no run in it: the bad-input catalogue.) Each refusal that names a run's directory
+    leaves every file of it byte for byte, .hydra/ and status.json included, and says no second line: the
+    launcher's refusals (found before any task starts: checked in this process) and the task's (a corrupt
+    checkpoint, fewer epochs than it trained: the task starts, refuses, and what it changed is put back).
+    The control: a resume that trains does change the files."""
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted(["data=synthetic", "data.train_examples=256", "data.test_examples=64",
                                    "trainer.epochs=2", "trainer.batch_size=64", "trainer.verbose=2", "model=mlp"]),
@@ -438,23 +449,46 @@ def test_bad_resumes_are_one_line(tmp_path, uninterrupted, setup, args, message)
     if setup == "corrupt":
         for data_file in (run_dir / "checkpoints").glob("ckpt-*.data-*"):
             data_file.write_bytes(data_file.read_bytes()[:100])  # truncated, as a full disk leaves it
-    before = (run_dir / "status.json").read_bytes()  # the finished run's: "ok"
+    before = files_of(run_dir)
     if setup in ("corrupt", "trained"):  # (found in the task)
-        out = run_cli(run_dir, "trainer.resume=true", *args)
+        out = run_cli(run_dir, *args)
         code, text = out.returncode, out.stdout + out.stderr
     else:
-        code, stdout, stderr = in_process(tmp_path, [f"hydra.run.dir={run_dir}", "trainer.resume=true", *args])
+        code, stdout, stderr = in_process(tmp_path, [f"hydra.run.dir={run_dir}", *args])
         text = stdout + stderr
     assert code == 2, text[-2000:]
     assert message in text and "Traceback" not in text
-    assert sum(line.startswith("error:") for line in text.splitlines()) == 1
-    # Refused before any task starts, the command leaves the run as it was: its status.json says "ok" still,
-    # and no second line says the run failed. (The control: a refusal found in the task, once the run
-    # started again, is that run's failure.)
-    if setup in ("corrupt", "trained"):
-        assert (run_dir / "status.json").read_bytes() != before
-    else:
-        assert (run_dir / "status.json").read_bytes() == before and "the run failed" not in text, text[-2000:]
+    assert sum(line.startswith("error:") for line in text.splitlines()) == 1 and "the run failed" not in text
+    assert files_of(run_dir) == before, text[-2000:]
+    if setup == "trained":  # the control: the same run resumed to train on changes it
+        assert run_cli(run_dir, "trainer.resume=true", "trainer.epochs=3").returncode == 0
+        assert files_of(run_dir) != before
+
+
+def test_only_a_refusal_puts_the_run_back():
+    """A failure of another kind (a task lost, exit 1) or a refusal after a new checkpoint keeps what the
+    command wrote; bad input (exit 2) before any new checkpoint puts back what it found."""
+    import tempfile
+
+    from distrain.common.rundir import RunDir
+    from distrain.launcher.launch import Before
+    from distrain.launcher.supervisor import Outcome
+
+    run = RunDir(Path(tempfile.mkdtemp()))
+    run.write_status("ok", 0)
+    (run.logs).mkdir()
+    run.log("train").write_text("epoch 1\n")
+    found = run.snapshot()
+    for outcome, restored in ((Outcome(1, "failed"), False), (Outcome(0), False), (Outcome(2, "failed"), True)):
+        run.write_status("failed", 2)
+        with open(run.log("train"), "a") as log:
+            log.write("error: no\n")
+        (run.path / "new.json").write_text("{}")
+        assert Before(found, None).refused(outcome, run) == restored
+        assert (run.read_status()["status"] == "ok") == restored and (run.path / "new.json").exists() != restored
+        assert (run.log("train").read_text() == "epoch 1\n") == restored
+    assert not Before(found, "ckpt-4").refused(Outcome(2, "failed"), run)  # (a checkpoint since: it trained)
+    assert not Before(None, None).refused(Outcome(2, "failed"), run)  # (no run was there)
 
 
 def test_resume_auto_starts_a_new_run_then_goes_on_from_its_checkpoint(tmp_path):

@@ -18,6 +18,7 @@ No TensorFlow here: the launcher, the sweep's summary and the tasks all use it.
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -119,9 +120,40 @@ class RunDir:
     def read_status(self) -> dict:
         return read_json(self.status) or {}
 
-    def restore_status(self, content: dict) -> None:
-        """status.json as it was (read_status()): a command refused in a run's directory leaves it so."""
-        storage.record(write_json, self.status, content)
+    def snapshot(self) -> dict:
+        """What a command refused in this run's directory must leave as it found it: every file but the
+        checkpoints and the SavedModel (which a refused command never writes), as its bytes, or as its
+        length where it is large (1 MB: a long log, TensorBoard's events, which are only appended to)."""
+        found = {}
+        for path in self._files():
+            size = path.stat().st_size
+            found[path.relative_to(self.path)] = size if size > 2 ** 20 else path.read_bytes()
+        return found
+
+    def restore(self, snapshot: dict) -> None:
+        """The run's files as snapshot() found them: rewritten ones get their bytes back, grown ones their
+        length, new ones go, gone ones come back."""
+        for path in self._files():
+            kept = snapshot.get(path.relative_to(self.path))
+            if kept is None:
+                path.unlink()
+            elif isinstance(kept, int):
+                os.truncate(path, min(kept, path.stat().st_size))
+            elif path.read_bytes() != kept:
+                storage.record(storage.write_atomic, path, kept)
+        for name, kept in snapshot.items():
+            if isinstance(kept, bytes) and not (self.path / name).exists():
+                (self.path / name).parent.mkdir(parents=True, exist_ok=True)
+                storage.record(storage.write_atomic, self.path / name, kept)
+        held = {parent for name in snapshot for parent in Path(name).parents}
+        for folder in sorted((p for p in self.path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            if folder.relative_to(self.path) not in held and not any(folder.iterdir()):
+                folder.rmdir()  # (made by the refused command, and empty again)
+
+    def _files(self) -> list:
+        skipped = (self.checkpoints, self.saved_model)
+        return [path for path in self.path.rglob("*") if path.is_file() and not path.is_symlink()
+                and not any(path.is_relative_to(s) for s in skipped)]
 
     def ended(self) -> str | None:
         """How the run ended, as its status.json says (ok, failed, interrupted; running if its launcher

@@ -34,6 +34,11 @@ from distrain.launcher.supervisor import Outcome
 PART_BATCHES = 16  # a part's batches at most by default: a restart redoes at most this much of a task's work
 
 
+class ClusterFailed(ConfigError):
+    """The command's cluster failed (a task lost, not bad input): one line as a refusal is, but what it
+    wrote in evaluations/ (its logs) is kept."""
+
+
 def plan(examples: int, size: int) -> list[tuple[int, int]]:
     """The parts, (start, stop) of each, in input order."""
     return [(start, min(start + size, examples)) for start in range(0, examples, size)]
@@ -141,8 +146,9 @@ class Cluster:
                 print_error(outcome.error)
                 raise SystemExit(outcome.code)
             if outcome.code:
-                raise ConfigError(outcome.error.removeprefix(error_line("")) or f"the cluster failed (exit status "
-                                  f"{outcome.code}): its logs are in {where.logs}")
+                failed = ConfigError if outcome.code == 2 else ClusterFailed  # (bad input a task found, or not)
+                raise failed(outcome.error.removeprefix(error_line("")) or f"the cluster failed (exit status "
+                             f"{outcome.code}): its logs are in {where.logs}")
             if not self.merges:
                 return None, time.perf_counter() - start
             if self.task is not None:

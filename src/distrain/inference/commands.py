@@ -12,6 +12,7 @@ predict writes out=PATH whole or not at all."""
 import contextlib
 import itertools
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -70,7 +71,10 @@ def main(command: str, argv: list, compose, help: bool = False, multirun: bool =
 
 
 def one(command: str, run_dir: Path, overrides: list, options: dict, compose) -> dict:
-    """One evaluation or prediction: what it wrote ({} if it failed, saying why in one line)."""
+    """One evaluation or prediction: what it wrote ({} if it failed, saying why in one line, and leaving
+    the run's evaluations/ as it found it)."""
+    made = not (run_dir / "evaluations").exists()
+    found = RunDir(run_dir / "evaluations").snapshot() if not made else {}
     try:
         out = _out(options) if command == "predict" else None
         cfg = settle(run_dir, compose, overrides, options.get("checkpoint"))
@@ -90,6 +94,12 @@ def one(command: str, run_dir: Path, overrides: list, options: dict, compose) ->
             return predict_run(cfg, run_dir, options, out, changed, cluster)
     except ConfigError as exc:
         fail(exc)
+        if isinstance(exc, cluster_parts.ClusterFailed):  # (its logs say why)
+            return {}
+        if made:  # a refusal leaves the run as it found it
+            shutil.rmtree(run_dir / "evaluations", ignore_errors=True)
+        else:
+            RunDir(run_dir / "evaluations").restore(found)
         return {}
 
 

@@ -1,5 +1,6 @@
 """The launcher's Hydra callback (conf/config.yaml's hydra.callbacks): a run or a sweep never lands on
-an earlier one's directory. Runs in the command's process, before Hydra writes anything."""
+an earlier one's directory, and a command refused in a run's directory leaves it as it found it (its
+files taken before Hydra writes there). Runs in the command's process, before Hydra writes anything."""
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,6 +21,8 @@ class KeepEarlierRuns(Callback):
     def on_run_start(self, config, **kwargs) -> None:
         run_dir = Path(config.hydra.run.dir)
         earlier = earlier_run(RunDir(run_dir))
+        if earlier is not None:  # (before Hydra rewrites its .hydra/ there: a refused command puts it back)
+            _BEFORE[run_dir.resolve()] = RunDir(run_dir).snapshot()
         if earlier is None or config.trainer.resume:
             return
         if not Topology.of(config).local and RunDir(run_dir).ended() in (None, "running"):
@@ -36,6 +39,14 @@ class KeepEarlierRuns(Callback):
                     f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
                     "trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove "
                     f"{sweep_dir}")
+
+
+_BEFORE = {}  # run directory: its files as this command found them (RunDir.snapshot), where it held a run
+
+
+def found_before(run: RunDir) -> dict | None:
+    """The run's files as this command found them, where it holds a run (what a refusal leaves); else None."""
+    return _BEFORE.pop(run.path.resolve(), None) or (run.snapshot() if run.config.exists() else None)
 
 
 def earlier_run(run: RunDir) -> str | None:

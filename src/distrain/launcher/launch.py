@@ -12,6 +12,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -26,7 +27,7 @@ from distrain.config import schema
 from distrain.config.overrides import split
 from distrain.config.validate import check_objective, check_same_run, resumed, validate
 from distrain.data import arrays
-from distrain.launcher import cluster_tasks, forkserver
+from distrain.launcher import callbacks, cluster_tasks, forkserver
 from distrain.launcher.supervisor import Outcome, TaskProcess, run_tasks
 from distrain.report import tracking
 from distrain.report.results import logs_for_tensorboard, memory_line, short_line
@@ -41,9 +42,9 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     `job` is set when the run is one job of a sweep: its lines carry the job number, and the resolved
     config goes to launcher.log only. `overrides` (this command's) matter to a resumed run."""
     run = RunDir(run_dir)
-    earlier = run.read_status()  # a run's here already: a refusal leaves it as it was
     if cfg.trainer.resume == "auto" and run.ended() == "ok":
         return _keep(cfg, run, job, overrides)
+    before = Before(callbacks.found_before(run), run.latest_checkpoint())  # a run's here: a refusal leaves it so
     signum = job.stopped_by() if job else None
     if signum:  # the sweep was interrupted before this job started: it does not
         run.write_status("interrupted", 128 + signum, f"not started: the sweep was interrupted by "
@@ -64,8 +65,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         config = OmegaConf.to_container(cfg, resolve=True)
         tracked = _tracked(config, run, job, spec, task)
     except ConfigError as exc:
-        return _finish(Outcome(fail(exc), "failed", error_line(exc)), run, config, job,
-                       earlier=earlier if config is None else None)
+        return _finish(Outcome(fail(exc), "failed", error_line(exc)), run, config, job, before=before)
     log.info("data: %s from source %s (%s)", schema.label(cfg.data), cfg.data.source, found.how if found else why)
     (logging.getLogger("distrain.config") if job else log).info(
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
@@ -80,7 +80,24 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
                                               restarted=lambda cfg, restarts: _resuming(cfg, run, restarts.workers))
         else:  # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
             outcome = cluster_tasks.run_this_task(cfg, run, argv, spec, task, job)
-    return _finish(outcome, run, config, job, overrides, tracked)
+    return _finish(outcome, run, config, job, overrides, tracked, before)
+
+
+@dataclass
+class Before:
+    """The run a command found in its directory: its files (RunDir.snapshot; None: no run there) and its
+    latest checkpoint."""
+    files: dict | None
+    checkpoint: str | None
+
+    def refused(self, outcome: Outcome, run: RunDir) -> bool:
+        """The command was refused there (bad input, said in its one line, by the launcher or by a task
+        before it trained a step): what it changed is put back, as snapshot() found it."""
+        if self.files is None or outcome.status != "failed" or outcome.code != 2 or \
+                run.latest_checkpoint() != self.checkpoint:
+            return False
+        run.restore(self.files)
+        return True
 
 
 def _tracked(config: dict, run: RunDir, job: Job | None, spec: dict | None, task):
@@ -183,16 +200,15 @@ def _resuming(cfg, run: RunDir, workers: int):
 
 
 def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None, overrides=(), tracked=None,
-            earlier: dict | None = None) -> int:
+            before: Before | None = None) -> int:
     """Record how the run ended in status.json (run_tasks wrote it already, before stopping the tasks;
     not so a run refused before it started) and as a TensorBoard session, draw a finished run's
     curves.png, say it in one line. config: the config.yaml written (None: the run was refused, and
-    said why); `earlier`: the status.json of a run already in the directory, which a refused command
-    leaves as it was; `overrides`: a single run's, its hyperparameters in TensorBoard."""
-    if earlier:
-        run.restore_status(earlier)
-    else:
-        run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
+    said why); `before`: a run already in the directory, which a refused command leaves as it was;
+    `overrides`: a single run's, its hyperparameters in TensorBoard."""
+    if before and before.refused(outcome, run):
+        return outcome.code  # (its one line said why)
+    run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
     if logs_for_tensorboard(config):
         # (TensorBoard's protocol buffers, 0.1 s: only for a run that logs for it)
         from distrain.report import dashboard
