@@ -272,6 +272,7 @@ def test_optuna_search_on_tfrecord_shards_gets_each_trials_test_accuracy(tmp_pat
     accuracies = [json.loads((sweep_dir / str(n) / "results.json").read_text())["test_accuracy"] for n in (0, 1)]
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_value"] == pytest.approx(max(accuracies))
+    assert yaml.safe_load((sweep_dir / "multirun.yaml").read_text())["hydra"]["sweeper"]["n_trials"] == 2  # (as grids)
     rows = read_csv(sweep_dir / "summary.csv")
     assert len(rows) == 2 and {"trainer.learning_rate", "trainer.batch_size"} <= set(rows[0])
     assert "Optuna: best value" in (sweep_dir / "summary.md").read_text()
@@ -668,3 +669,18 @@ def test_an_optuna_study_kept_in_a_database_goes_on_where_it_stopped(tmp_path):
     assert states == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE", "COMPLETE"]
     best = yaml.safe_load((tmp_path / "b" / "optimization_results.yaml").read_text())
     assert best["best_value"] == pytest.approx(study.best_value) and best["best_params"] == study.best_params
+
+
+@pytest.mark.parametrize("values, log", [(["0.0005", "0.001", "0.002", "0.004"], True), (["64", "96", "128"], False)])
+def test_a_sweep_over_a_number_plots_against_its_values_as_ticks(monkeypatch, tmp_path, values, log):
+    """scaling.png of a sweep over one number: the swept values, as written, are the ticks (matplotlib's own
+    ran together for rates: 0.00100 0.00125 ...), on a log axis where they grow by factors."""
+    from distrain.report import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    rows = [{"key": v, "test_accuracy": 0.9, "examples_per_sec": 1000.0} for v in values]
+    plots.by_value(rows, "key", tmp_path / "scaling.png")
+    for ax in drawn[0].axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == values
+        assert ax.get_xscale() == ("log" if log else "linear")

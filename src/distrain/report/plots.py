@@ -120,8 +120,11 @@ def by_value(rows: list, key: str, path: Path, series_keys=()) -> Path:
         ax.grid(alpha=0.3)
         if not numeric:
             ax.set_xticks(range(len(labels)), labels, rotation=20)
-        elif min(values) > 0 and max(values) / min(values) >= 10:
-            ax.set_xscale("log")  # learning rates and the like
+        else:  # the swept values as ticks, as written; a log axis where they grow by factors (learning rates)
+            if min(values) > 0 and max(values) / min(values) >= 4:
+                ax.set_xscale("log")
+            ax.set_xticks(values, labels, rotation=30 if sum(map(len, labels)) > 40 else 0)
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         if groups.keys() != {""}:
             ax.legend(fontsize="small")
     return _save(fig, path)

@@ -9,6 +9,7 @@ Hydra imports this module as every command starts, to find its plugins: Optuna (
 imported where a study is run."""
 import logging
 import math
+from pathlib import Path
 
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep, Transformer
 from hydra.core.plugins import Plugins
@@ -71,6 +72,9 @@ class OptunaSweeper(Sweeper):
         import optuna
         from optuna.trial import TrialState
 
+        sweep_dir = Path(self.config.hydra.sweep.dir)  # the sweep's whole config, as Hydra's basic sweeper keeps it
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         space, fixed = search_space([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
         for key in fixed:
             space.pop(key, None)
