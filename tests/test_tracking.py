@@ -98,6 +98,7 @@ def test_a_two_worker_run_killed_restarted_and_resumed_is_one_mlflow_run(server,
     state = tracked(run_dir, server.uri)
     assert run.info.run_id == first["run_id"] == state["run_id"] and run.info.status == "FINISHED"
     assert f"mlflow: run {run.info.run_id} in experiment workers at {server.uri}" in done.stdout + done.stderr
+    assert "View run" not in done.stdout + done.stderr  # (MLflow's own links: ours is the line above)
     for key in ("loss", "accuracy", "time_compute", "epoch_examples_per_sec"):
         assert steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
     assert run.data.params["strategy.name"] == "multi_worker_mirrored" and run.data.params["cluster.workers"] == "2"

@@ -63,10 +63,13 @@ def settings(config) -> dict:
 
 
 def connect(uri: str):
-    """An MlflowClient of a store that answers, or a one-line ConfigError naming the URI."""
+    """An MlflowClient of a store that answers, or a one-line ConfigError naming the URI (a server that
+    refuses the connection: said before MLflow is imported, in a tenth of a second)."""
     for name, value in {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}.items():
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}.items():  # (our own line says where)
         os.environ.setdefault(name, value)  # (a server that is gone is said in seconds, not minutes)
+    _answers(uri)
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     from mlflow.tracking import MlflowClient
@@ -83,6 +86,24 @@ def connect(uri: str):
                           "or drop the key for a store beside the runs that needs none "
                           "(sqlite:///outputs/mlflow.db)") from None
     return client
+
+
+def _answers(uri: str) -> None:
+    """An http(s) store's host takes a connection (else the ConfigError connect() raises, at once: MLflow's
+    own client retries with back-off, seconds, before it says so)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(uri)
+    if where.scheme not in ("http", "https") or not where.hostname:
+        return
+    try:
+        socket.create_connection((where.hostname, where.port or (443 if where.scheme == "https" else 80)),
+                                 timeout=5).close()
+    except OSError as exc:
+        why = exc.strerror or ("no answer within 5 s" if isinstance(exc, TimeoutError) else type(exc).__name__)
+        raise ConfigError(f"logger.mlflow.tracking_uri={uri} cannot be reached ({why}): start the server, or drop "
+                          "the key for a store beside the runs that needs none (sqlite:///outputs/mlflow.db)") from None
 
 
 def _short(exc: Exception) -> str:
