@@ -275,7 +275,7 @@ def test_the_served_model_takes_what_predict_takes_and_names_the_classes(trained
         np.testing.assert_allclose(served.predict(given), expected, rtol=1e-5, atol=1e-6)
     names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     model = keras.models.load_model(str(run / "saved_model"), compile=False)
-    save_model(model, tmp_path / "named", names, include_optimizer=False, pixels=True)
+    save_model(model, tmp_path / "named", names, include_optimizer=False, pixels=(28, 28, 1))
     table = pyfunc(tmp_path / "named", tmp_path / "named_pyfunc").predict(images)
     assert list(table.columns) == names
     np.testing.assert_allclose(table.to_numpy(), expected, rtol=1e-5, atol=1e-6)
@@ -283,7 +283,7 @@ def test_the_served_model_takes_what_predict_takes_and_names_the_classes(trained
     assert [c.decode() for c in found["class"].numpy()] == [names[i] for i in expected.argmax(axis=1)]
     # An RGB model of an image folder: uint8 (N, H, W, 3).
     rgb = keras.Sequential([keras.Input((8, 8, 3), name="image"), keras.layers.Flatten(), keras.layers.Dense(3)])
-    save_model(rgb, tmp_path / "rgb", ["red", "green", "blue"], include_optimizer=False, pixels=True)
+    save_model(rgb, tmp_path / "rgb", ["red", "green", "blue"], include_optimizer=False, pixels=(8, 8, 3))
     colours = np.random.default_rng(0).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
     wanted = rgb.predict(colours.astype("float32") / 255.0, verbose=0)
     np.testing.assert_allclose(pyfunc(tmp_path / "rgb", tmp_path / "rgb_pyfunc").predict(colours).to_numpy(), wanted,

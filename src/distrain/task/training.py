@@ -95,7 +95,7 @@ def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities
     if saved:
         compile_model(*saved, cfg, probabilities, plain=True)  # loads without distrain, and trains on
         save_model(saved[0], context.run.saved_model, data.class_names, include_optimizer=plain_keras(saved[1]),
-                   pixels=data.pixels)
+                   pixels=data.shape if data.pixels else None)
     facts = runner.describe(t.batch_size) | {"input_examples_per_sec": rate, "input_cpu_per_example": cpu_per_example}
     return trained, test, facts
 
@@ -158,18 +158,18 @@ def per_worker_dataset(strategy, context: RunContext, data: TrainingData, cfg):
     return lambda: strategy.distribute_datasets_from_function(train)
 
 
-def save_model(model, path: Path, class_names=None, include_optimizer: bool = True, pixels: bool = False) -> None:
+def save_model(model, path: Path, class_names=None, include_optimizer: bool = True, pixels=None) -> None:
     """The trained model as a SavedModel, with class_names.txt beside it where the data names its classes
     (an image folder's), one per line in the order of the outputs. One that cannot be saved so (some
     subclassed models) is a warning: the run's training is done, and its checkpoints hold the weights.
     include_optimizer: false where the optimizer needs distrain to load (a warm-up or scaled rate).
     A model plain Keras rebuilds from its config is saved without a traced function per layer (0.2 s
-    of CPU less, measured), with the serving signature Keras would give it. pixels: the run read uint8
-    images, and its serving signature takes them as they are (serving_signatures)."""
+    of CPU less, measured), with the serving signature Keras would give it. pixels: the shape of one
+    image, where the run read uint8 images: its serving signature takes them as they are (serving_signatures)."""
     try:
         rebuilt = rebuilt_from_config(model)
-        keras_own = private.get("default_save_signature")(model) if rebuilt or pixels else None
-        signatures = serving_signatures(model, keras_own, class_names) if pixels else keras_own
+        keras_own = private.get("default_save_signature")(model) if rebuilt else None
+        signatures = serving_signatures(model, pixels, keras_own, class_names) if pixels else keras_own
         if rebuilt:
             model.save(str(path), include_optimizer=include_optimizer, save_traces=False, signatures=signatures)
         else:
@@ -182,19 +182,21 @@ def save_model(model, path: Path, class_names=None, include_optimizer: bool = Tr
               flush=True)
 
 
-def serving_signatures(model, keras_own, class_names=None) -> dict:
-    """A SavedModel's signatures for a model of images: `serving_default` takes uint8 pixels as the data
-    gave them, with or without a channel axis of 1 (any rank: reshaped to the model's input), scales them
-    as training did (/ 255) and gives the model's outputs under its output's name, and `class` (the name
-    of the highest output) where the data named its classes; `serving_float` takes what the model takes
-    (Keras's own signature, where Keras gives one)."""
-    shape, name = model.input_shape[1:], model.inputs[0].name.split(":")[0]
-    names = tf.constant([str(n) for n in class_names]) if class_names and len(model.outputs) == 1 else None
-    output = model.output_names[0] if len(model.output_names) == 1 else "outputs"
+def serving_signatures(model, shape, keras_own=None, class_names=None) -> dict:
+    """A SavedModel's signatures for a model of images of `shape`: `serving_default` takes uint8 pixels as
+    the data gave them, with or without a channel axis of 1 (any rank: reshaped to one image's shape),
+    scales them as training did (/ 255) and gives the model's outputs under its output's name, and `class`
+    (the name of the highest output) where the data named its classes; `serving_float` takes what the
+    model takes (Keras's own signature, where it gives one: a model plain Keras rebuilds from its config)."""
+    name = model.inputs[0].name.split(":")[0] if model.inputs else "images"  # (a subclassed model has none)
+    names = tf.constant([str(n) for n in class_names]) if class_names else None
+    output = model.output_names[0] if len(getattr(model, "output_names", None) or []) == 1 else "outputs"
 
     @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name=name)])
     def pixels(images):
         outputs = model(tf.reshape(tf.cast(images, tf.float32) / 255.0, [-1, *shape]), training=False)
+        if not isinstance(outputs, tf.Tensor):  # (several outputs: as the model gives them)
+            return {f"{output}_{i}": o for i, o in enumerate(tf.nest.flatten(outputs))}
         found = {output: outputs}
         if names is not None:
             found["class"] = tf.gather(names, tf.argmax(outputs, axis=-1))
