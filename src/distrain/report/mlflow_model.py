@@ -22,7 +22,7 @@ class SavedKerasModel(mlflow.pyfunc.PythonModel):
         names = saved / "class_names.txt"
         self.class_names = names.read_text().splitlines() if names.is_file() else None
 
-    def predict(self, context, model_input, params=None):
+    def predict(self, context, model_input: np.ndarray, params=None):  # (a hint MLflow takes as it is)
         x = np.asarray(model_input)
         x = x.astype("float32") / 255.0 if x.dtype == np.uint8 else x.astype("float32")  # (as training read them)
         shape = self.model.input_shape[1:]
