@@ -4,6 +4,8 @@ ran out of memory (the kernel's count of the processes it killed for memory, /pr
 which counts a cgroup's own limit too)."""
 from pathlib import Path
 
+from distrain.launcher.restarts import how_ended
+
 MIB = 1024  # /proc/PID/status says kB
 
 
@@ -57,6 +59,11 @@ class Watch:
         now = oom_kills()
         self.killed = code == -9 and None not in (now, self.kills_before) and now > self.kills_before
         return self.killed
+
+    def why_ended(self, name: str, code: int) -> str:
+        """How the task `name` ended with `code`, in words: the kernel's killing for memory, else its exit
+        status or signal (restarts.how_ended)."""
+        return self.why_killed(name) if self.killed_for_memory(code) else how_ended(name, code)
 
     def why_killed(self, name: str) -> str:
         seen = f" (its peak resident memory {self.peak:,.0f} MiB, {self.last:,.0f} MiB at the last look)" \

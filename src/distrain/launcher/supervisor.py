@@ -22,17 +22,7 @@ from distrain.common.rundir import RunDir
 from distrain.launcher import memory, stalls
 from distrain.launcher.forkserver import ForkServer
 from distrain.launcher.memory import Watch
-from distrain.launcher.restarts import (
-    FAIL,
-    LEAVE,
-    RESTART_CLUSTER,
-    RESTART_IT,
-    SHRINK,
-    Restarts,
-    decide,
-    how_ended,
-    signalled,
-)
+from distrain.launcher.restarts import FAIL, LEAVE, RESTART_CLUSTER, RESTART_IT, SHRINK, Restarts, decide, signalled
 from distrain.launcher.task_log import ERR, OUT, FirstError, TaskLog, is_noise, last_state, route
 from distrain.report.results import seconds_since_start
 
@@ -350,8 +340,7 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
         elif code is None or task.name in seen or (code > 0 and not killed and now - task.ended_at < SETTLE_SECONDS):
             continue
         else:
-            out_of_memory = task.memory.killed_for_memory(code)
-            why = task.memory.why_killed(task.name) if out_of_memory else how_ended(task.name, code)
+            why = task.memory.why_ended(task.name, code)
         seen.add(task.name)
         changed("running")
         others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None]
@@ -384,7 +373,7 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
         elif action == FAIL:
             return _failed(task, code, why, len(tasks), restarts, run)
         elif code:
-            log.warning("%s: the run goes on without it", how_ended(task.name, code))
+            log.warning("%s: the run goes on without it", why)
     return None
 
 
@@ -413,8 +402,7 @@ def _failed(task: TaskProcess, code: int, why: str, count: int, restarts: Restar
         error = signalled(task.name, code, str(run), bool(run.latest_checkpoint()))
         task.end_line()
         print_error(error)
-    # The run's exit status, as a shell user reads it: 2 for bad input, else 1 (the task's own status, or the
-    # signal that killed it, is in the error line); 128+N is the launcher's own interruption.
+    # The exit status a shell reads: 2 bad input, else 1 (the task's own end is in the line); 128+N: run_tasks'.
     outcome = Outcome(2 if code == 2 else 1, "failed", error, tail)
     # (its lines were mixed with the others'; it could not say it ran out of memory itself)
     if (count > 1 or task.hung or task.memory.killed) and not said:
