@@ -223,10 +223,8 @@ def groups_setting_mode(dirs: list) -> set | None:
             except (OSError, yaml.YAMLError, AttributeError, TypeError):
                 setting.add(group)
                 continue
-            for entry in defaults:  # "mlp", "/study: lrs", {"override /hydra/sweeper": "optuna"}, "/a/b@pkg"
-                name = next(iter(entry)) if isinstance(entry, dict) else str(entry).rpartition("/")[0] or group
-                name = name.split()[-1].split("@")[0].strip("/") if isinstance(entry, dict) else name.strip("/")
-                refers.setdefault(name, set()).add(group)
+            for entry in defaults:
+                refers.setdefault(_selected_group(entry, group), set()).add(group)
     grown = set(setting)
     while grown:
         grown = set().union(*(refers.get(group, set()) for group in grown)) - setting
@@ -234,13 +232,22 @@ def groups_setting_mode(dirs: list) -> set | None:
     return setting
 
 
+def _selected_group(entry, group: str) -> str:
+    """The group an entry of a defaults list in an option of `group` selects from, as Hydra reads it: an
+    absolute path from the top (`/study: lrs`, `override /hydra/sweeper: optuna`, `/schema/model/mlp@_here_`),
+    a relative one from the option's own group (`db: mysql` is `group/db`; `mlp` is `group`)."""
+    path = next(iter(entry)).split()[-1] if isinstance(entry, dict) else str(entry).rpartition("/")[0]
+    path = path.split("@")[0]
+    return path.strip("/") if path.startswith("/") else "/".join(filter(None, (group, path)))
+
+
 @contextlib.contextmanager
-def _mode_from_presets_only(overrides: list):
+def _mode_from_presets_only(overrides: list, dirs: list):
     """Hydra composes the whole config once before a command's run, only to read hydra.mode (a third of a
     short command's start-up: 0.19 s against 0.36-0.48 s of CPU for bad input, measured): skipped, and the
     mode left to the command line (-m), where no override can bring in an option that sets it."""
     keys = keys_of(overrides)
-    setting = groups_setting_mode([CONFIG_DIR, *_users_dirs()])
+    setting = groups_setting_mode([CONFIG_DIR, *dirs])
     if setting is None or any(k.startswith(("hydra.mode", "hydra.searchpath")) or k in setting for k in keys):
         yield
         return
@@ -382,7 +389,7 @@ def main() -> None:
                 exit_now(code)
             sys.exit(code)
         if not (_quick_help(flags, overrides) or _printed_config(flags, overrides)):
-            with _mode_from_presets_only(overrides):
+            with _mode_from_presets_only(overrides, _own_dirs(flags, overrides)):
                 run()
     except ConfigError as exc:
         sys.exit(fail(exc))
