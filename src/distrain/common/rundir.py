@@ -11,7 +11,8 @@
     job.json        a clustered evaluate's or predict's parts, in its directory (the command)
     logs/           a log per task
     checkpoints/    or trainer.checkpoint_dir                   (the chief)
-    saved_model/, tensorboard/
+    saved_model/    and class_names.txt in it, where the data named its classes (the chief)
+    tensorboard/
 
 No TensorFlow here: the launcher, the sweep's summary and the tasks all use it.
 """
@@ -28,6 +29,7 @@ from distrain.common import storage
 CONFIG, STATUS, RESULTS, CLUSTER, EVALUATION, DATA = "config.yaml", "status.json", "results.json", "cluster.json", \
     "evaluation.json", "data.json"
 METRICS, TRACKED, JOB = "metrics.csv", "mlflow.json", "job.json"
+CLASS_NAMES = "class_names.txt"  # beside a SavedModel: a classifier's class names, in output order
 
 
 def write_json(path: Path, content: dict) -> Path:
@@ -154,6 +156,11 @@ class RunDir:
         skipped = (self.checkpoints, self.saved_model)
         return [path for path in self.path.rglob("*") if path.is_file() and not path.is_symlink()
                 and not any(path.is_relative_to(s) for s in skipped)]
+
+    def read_class_names(self) -> list | None:
+        """The trained model's class names (class_names.txt beside its SavedModel), where the data named them."""
+        path = self.saved_model / CLASS_NAMES
+        return path.read_text().splitlines() if path.is_file() else None
 
     def ended(self) -> str | None:
         """How the run ended, as its status.json says (ok, failed, interrupted; running if its launcher

@@ -19,7 +19,7 @@ class SavedKerasModel(mlflow.pyfunc.PythonModel):
 
         saved = Path(context.artifacts["saved_model"])
         self.model = tf_keras.models.load_model(str(saved), compile=False)
-        names = saved / "class_names.txt"
+        names = saved / "class_names.txt"  # (rundir.CLASS_NAMES: this file runs without distrain)
         self.class_names = names.read_text().splitlines() if names.is_file() else None
 
     def predict(self, context, model_input: np.ndarray, params=None):  # (a hint MLflow takes as it is)

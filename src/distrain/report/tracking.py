@@ -310,8 +310,7 @@ class Tracked:
         from mlflow.models import ModelSignature
         from mlflow.types import ColSpec, Schema, TensorSpec
 
-        names_file = self.run.saved_model / "class_names.txt"
-        names = names_file.read_text().splitlines() if names_file.is_file() else None
+        names = self.run.read_class_names()
         outputs = Schema([ColSpec("float", n) for n in names]) if names else \
             Schema([TensorSpec(np.dtype("float32"), (-1, results.get("num_classes") or -1))])
         shape = list(results.get("input_shape") or [])

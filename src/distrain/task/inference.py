@@ -63,12 +63,6 @@ def compute_parts(cfg, context: RunContext, job: dict) -> None:
         raise lost from exc
 
 
-def trained_classes(run_dir: Path) -> list | None:
-    """The trained model's class names (class_names.txt beside its SavedModel), where the data named them."""
-    path = RunDir(run_dir).saved_model / "class_names.txt"
-    return path.read_text().splitlines() if path.is_file() else None
-
-
 def load_trained(cfg, run_dir: Path, options: dict, data_changed: bool, strategy=None, where=None):
     """(The data, the model with the run's trained weights compiled with its loss and metrics, whether it
     outputs probabilities, where the weights came from), set up as a training task is (setup.py) under
@@ -90,7 +84,7 @@ def load_trained(cfg, run_dir: Path, options: dict, data_changed: bool, strategy
 
     def read(cfg, context):
         """The test data, checked against the trained model's inputs and classes."""
-        data = load_test_data(cfg, context.know_strategy(strategy), trained_classes(run_dir))
+        data = load_test_data(cfg, context.know_strategy(strategy), RunDir(run_dir).read_class_names())
         if data_changed and getattr(data, "found", None) is not None:  # (files found: how, and their classes)
             print(f"data: {data.found.how}", flush=True)
         check_fits(trained, data)

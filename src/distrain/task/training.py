@@ -12,7 +12,7 @@ import tf_keras as keras
 from distrain.common import private, storage
 from distrain.common.errors import ConfigError, Diverged, first_line
 from distrain.common.lifetime import scratch
-from distrain.common.rundir import RunDir
+from distrain.common.rundir import CLASS_NAMES, RunDir
 from distrain.config import schema
 from distrain.config.validate import instantiate_as
 from distrain.data import arrays
@@ -175,7 +175,7 @@ def save_model(model, path: Path, class_names=None, include_optimizer: bool = Tr
         else:
             model.save(str(path), include_optimizer=include_optimizer, signatures=signatures)
         if class_names:
-            storage.write_atomic(path / "class_names.txt", "\n".join(class_names) + "\n")
+            storage.write_atomic(path / CLASS_NAMES, "\n".join(class_names) + "\n")
     except Exception as exc:  # noqa: BLE001 - whatever Keras cannot serialise
         print(f"warning: the model could not be saved as a SavedModel in {path} ({type(exc).__name__}: "
               f"{first_line(str(exc))}); its checkpoints hold the trained weights",
