@@ -246,3 +246,15 @@ def test_the_suites_own_measures_run_on_one_test(tmp_path):
     if ratio.returncode == 2 and ("needs root" in ratio.stderr or "cgroup" in ratio.stderr):
         pytest.skip(ratio.stderr.strip())
     assert ratio.returncode == 0 and "in CPU-s" in ratio.stdout, ratio.stdout[-2000:] + ratio.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_study_benchmark_runs_both_studies():
+    """benchmarks/study.py at its smallest: two trials of two epochs, pruned and not, for real."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "study.py"), "--trials", "2", "--epochs", "2",
+                           "data=synthetic", "data.train_examples=1024", "data.test_examples=64"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["unpruned"]["trials"] == found["pruned"]["trials"] == 2 and found["unpruned"]["epochs"] == 4
+    assert 0 < found["epochs_ratio"] <= 1 and "MedianPruner" in found["pruner"]

@@ -138,8 +138,8 @@ def test_a_sweeps_objective_must_be_a_number_its_runs_report():
     from distrain.common.errors import ConfigError
     from distrain.config.validate import check_objective
 
-    with pytest.raises(ConfigError, match=r"^trainer.objective=test_accuracy is not a number of a run's results.json: "
-                                          r"set it to one of test_loss, test_mae, test_rmse, final_train_loss"):
+    with pytest.raises(ConfigError, match=r"^trainer.objective=test_accuracy is not a figure of a run: set it to one "
+                                          r"of loss, mae, rmse, test_loss, test_mae, test_rmse, final_train_loss"):
         check_objective(make_cfg("loss=huber", "metrics=regression"))
     check_objective(make_cfg("loss=huber", "metrics=regression", "trainer.objective=test_mae"))  # the control
 

@@ -41,18 +41,20 @@ class JobFailed(Exception):
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def run(cfg: DictConfig) -> float | JobFailed | None:
+def run(cfg: DictConfig):
     """Runs one job; returns trainer.objective of its results (test accuracy by default), which a Hydra
-    sweeper such as Optuna optimises."""
+    sweeper such as Optuna optimises (a failed job: JobFailed; a trial its pruner stopped: trial.Pruned)."""
     from distrain.launcher import launch
-    from distrain.report import sweep  # here: --help and --cfg job need neither (numpy, ports: 0.25 s of imports)
+    from distrain.report import sweep, trial  # here: --help and --cfg job need neither (numpy, ports: 0.25 s)
+    from distrain.report.results import figure
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     job, apart = None, False
     if hydra_cfg.mode == RunMode.MULTIRUN:
         apart = sweep.runs_jobs_apart(hydra_cfg.launcher)
-        job = sweep.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg), Path(hydra_cfg.sweep.dir) if apart else None)
+        job = sweep.Job(hydra_cfg.job.num, sweep.swept(hydra_cfg), Path(hydra_cfg.sweep.dir) if apart else None,
+                        trial.Trial.of(hydra_cfg))
     code = launch_apart(cfg, run_dir, job, hydra_cfg) if apart else \
         launch.launch(cfg, run_dir, job, overrides=hydra_cfg.overrides.task)
     if code in INTERRUPTED and job and not apart:
@@ -62,16 +64,19 @@ def run(cfg: DictConfig) -> float | JobFailed | None:
         sys.exit(code)  # a single run's status; an interrupt ends the whole sweep (its process ends one apart)
     if code:
         how = "was interrupted" if code in INTERRUPTED else f"failed with exit status {code}"
-        return JobFailed(f"job {job} {how}")
+        error = RunDir(run_dir).read_status().get("error")
+        return JobFailed(f"job {job} {how}" + (f": {error}" if error else ""))
+    if job and job.trial and job.trial.pruned:
+        return trial.Pruned(job.trial.pruned_at, job.trial.pruned)
     results = RunDir(run_dir).read_results()
     if not results:
         return None
     objective = cfg.trainer.objective
-    if not isinstance(results.get(objective), (int, float)):
+    if (value := figure(results, objective)) is None:
         numbers = sorted(k for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-        return JobFailed(f"job {job}: trainer.objective={objective} is not a number of its results.json (it has "
+        return JobFailed(f"job {job}: trainer.objective={objective} is not a figure of its results.json (it has "
                          f"{', '.join(numbers)}): set trainer.objective to one of them")
-    return results[objective]
+    return value
 
 
 def launch_apart(cfg, run_dir: Path, job, hydra_cfg) -> int:

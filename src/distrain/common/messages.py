@@ -10,6 +10,7 @@ SCRATCH = "DISTRAIN_SCRATCH"  # a run's directory for its tasks' temporary files
 # A local cluster's task: "1" the launcher restarts the cluster if a task dies, "0" it ends the run saying why
 RESTARTS_CLUSTER = "DISTRAIN_RESTARTS_CLUSTER"
 POSITION = "DISTRAIN_POSITION"  # the file where a task keeps the global step its training reached (stacks.py)
+VERDICT = "DISTRAIN_VERDICT"  # the file where a pruned search's launcher writes the last epoch it let go on (trial.py)
 STACKS = "DISTRAIN_STACKS"  # the file where a task dumps its Python stacks on SIGUSR1 (stacks.py)
 ONEDNN_WHY = "DISTRAIN_ONEDNN_WHY"  # why the launcher chose the CPU kernels, for the task's announcement
 

@@ -72,15 +72,16 @@ def check_arguments(cfg) -> None:
     for group in OWN:
         node = cfg[group]
         if node.get("_target_"):
-            _check(group, node._target_, split(group, node)[2])
+            check(group, node._target_, split(group, node)[2])
     for group in ENTRIES:
         for name, entry in (cfg.get(group) or {}).items():
             if isinstance(entry, str):  # metrics' `auto`
                 continue
-            _check(f"{group}.{name}", entry._target_, {k: v for k, v in entry.items() if k != "_target_"})
+            check(f"{group}.{name}", entry._target_, {k: v for k, v in entry.items() if k != "_target_"})
 
 
-def _check(key: str, target: str, arguments: dict) -> None:
+def check(key: str, target: str, arguments: dict) -> None:
+    """Each of `arguments` is one the class or function `target` names takes; else a ConfigError."""
     names = takes(target)
     if names is None:
         return

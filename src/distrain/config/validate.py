@@ -225,20 +225,36 @@ def metric_names(cfg) -> list:
             if not (entry == "auto" and labels and schema.ACCURACY[labels] is None)]
 
 
-def check_objective(cfg) -> None:
-    """trainer.objective names a number every run's results.json holds (a sweep's job: what it returns)."""
-    numbers = ["test_loss", *(f"test_{name}" for name in metric_names(cfg)), "final_train_loss",
-               "examples_per_sec", "steps_per_sec", "train_seconds"]
-    if cfg.trainer.objective not in numbers:
-        raise ConfigError(f"trainer.objective={cfg.trainer.objective} is not a number of a run's results.json: set it "
-                          f"to one of {', '.join(numbers)}")
+def figures(cfg) -> tuple[list, list]:
+    """(The numbers a run's results.json holds at its end, the figures it logs at each epoch's end: the
+    loss, each metric and, validating, their val_*): what trainer.objective and a callback may name."""
+    names = metric_names(cfg)
+    at_end = ["test_loss", *(f"test_{name}" for name in names), "final_train_loss", "examples_per_sec",
+              "steps_per_sec", "train_seconds"]
+    per_epoch = ["loss", *names]
+    return at_end, per_epoch + ([f"val_{name}" for name in per_epoch] if cfg.trainer.validate_every else [])
+
+
+def check_objective(cfg, per_epoch: bool = False) -> None:
+    """trainer.objective names a figure every run gives (a sweep's job: what it returns; a per-epoch
+    figure's last value); per_epoch: one it gives at each epoch's end (what a pruner watches)."""
+    at_end, each_epoch = figures(cfg)
+    objective = cfg.trainer.objective
+    if objective in each_epoch or (objective in at_end and not per_epoch):
+        return
+    if objective.startswith("val_") and objective[4:] in each_epoch:
+        raise ConfigError(f"trainer.objective={objective} is a validation figure, which only validation gives: set "
+                          "trainer.validate_every=1 (and data.validation_split=0.1 to hold out validation data)")
+    if objective in at_end:
+        raise ConfigError(f"trainer.objective={objective} is measured once, at the run's end, but a pruner watches "
+                          f"a figure of every epoch: set trainer.objective to one of {', '.join(each_epoch)}")
+    raise ConfigError(f"trainer.objective={objective} is not a figure of a run: set it to one of "
+                      f"{', '.join([*each_epoch, *([] if per_epoch else at_end)])}")
 
 
 def check_monitors(cfg) -> None:
     """A callback watching a quantity the run never logs would never act (Keras only warns, every epoch)."""
-    logged = ["loss", *metric_names(cfg)]
-    if cfg.trainer.validate_every:
-        logged += [f"val_{name}" for name in logged]
+    logged = figures(cfg)[1]
     for name, entry in (cfg.get("callbacks") or {}).items():
         monitor = entry.get("monitor")
         if monitor is None or monitor in logged:

@@ -37,7 +37,7 @@ def start_ahead(cfg, run: RunDir) -> None:
 
 
 def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bool = False, evaluator: bool = False,
-              restarted=None) -> Outcome:
+              restarted=None, share: set | None = None) -> Outcome:
     """Every task of the cluster as a process on this machine, inside a private network if possible; the
     logs and cluster.json in `run`.
 
@@ -46,15 +46,17 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     `independent_workers` (evaluate's and predict's: each computes parts of its own), is restarted alone.
     Up to cluster.max_restarts restarts in all. `restarted(cfg, restarts)`: the config the restarted
     cluster runs (a training resumes from its latest checkpoint), written where its tasks read it; a
-    ConfigError it raises ends the run. `evaluator`: with the sidecar evaluator (cluster.evaluator)."""
+    ConfigError it raises ends the run. `evaluator`: with the sidecar evaluator (cluster.evaluator).
+    `share`: the cores the cluster takes (a trial's beside others'), which its workers split, pinned."""
     c, strategy = cfg.cluster, cfg.strategy.name
-    per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker)["TF_NUM_INTRAOP_THREADS"])
+    per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker,
+                                             len(share) if share else None)["TF_NUM_INTRAOP_THREADS"])
     synchronous = Topology.of(cfg).synchronous and not independent_workers
     restarts = Restarts(c.max_restarts, c.restart_window, workers=c.workers if synchronous else 0,
                         min_workers=c.get("min_workers"), batch=schema.update_batch(cfg.trainer))
     peaks = {}
     net = network(cfg)
-    with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers else 0) as cores:
+    with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers and not share else 0) as cores:
         if not net.available:
             if c.isolate is True:
                 error = (f"cluster.isolate=true but no private network is possible here ({net.reason}): "
@@ -70,8 +72,9 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
         # Started only now, so that a run refused above imports nothing; kept for this process's next run.
         forks = forkserver.shared(run.log("forkserver"), net.wrap)
         while True:
-            spec, tasks = cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks, independent_workers,
-                                        evaluator)
+            spec, tasks = cluster_tasks(cfg, argv, net, sorted(share) if share else cores.cores, per_worker, forks,
+                                        independent_workers, evaluator, pin=bool(share) or c.pin_workers,
+                                        confined=bool(share))
             for task in tasks:  # after a restart of the cluster, each task's log goes on
                 task.restarts = restarts.per_task[task.name]
                 # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
@@ -97,8 +100,9 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
 
 
 def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, independent_workers: bool = False,
-                  evaluator: bool = False) -> tuple[dict, list]:
-    """The cluster spec (ports picked free) and a TaskProcess for each of its tasks."""
+                  evaluator: bool = False, pin: bool = False, confined: bool = False) -> tuple[dict, list]:
+    """The cluster spec (ports picked free) and a TaskProcess for each of its tasks; `pin`: each worker
+    on its own per_worker of `cores`; `confined`: the other tasks on `cores` too (a trial's share)."""
     c, topology = cfg.cluster, Topology.of(cfg)
     spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
     tasks = []
@@ -107,10 +111,10 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
             task = cluster_lib.Task(task_type, index, address)
             # The chief coordinates parameter servers and needs few threads; workers share the cores.
             env = {**cluster_lib.task_env(spec, task),
-                   **cluster_lib.thread_caps(task_type, c.workers, c.threads_per_worker)}
+                   **cluster_lib.thread_caps(task_type, c.workers, per_worker if pin else c.threads_per_worker)}
             serves = topology.parameter_servers and task_type != "chief"
-            pinned = cluster_lib.worker_cores(index, per_worker, cores) \
-                if c.pin_workers and task_type == "worker" else None
+            pinned = cluster_lib.worker_cores(index, per_worker, cores) if pin and task_type == "worker" else \
+                set(cores) if confined else None
             alone = task_type == "worker" and (serves or independent_workers)
             tasks.append(TaskProcess(task.name, net.wrap(argv), env, main=not serves, alone=alone,
                                      quiet=topology.synchronous and index > 0, task=task, cores=pinned,

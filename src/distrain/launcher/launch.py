@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from distrain.common import cluster as cluster_lib
 from distrain.common import cpu, storage
 from distrain.common.errors import ConfigError, fail
-from distrain.common.messages import SCRATCH, STARTED, error_line
+from distrain.common.messages import SCRATCH, STARTED, VERDICT, error_line
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
 from distrain.config import schema
@@ -71,12 +71,15 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         "config (also in %s):\n%s", run.config, OmegaConf.to_yaml(cfg, resolve=True))
     argv = [sys.executable, "-m", "distrain.task", str(run.config)]
 
-    with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir():  # (read by TensorFlow as each task starts)
+    # (read by TensorFlow as each task starts; the trial's, by the chief at each epoch's end)
+    with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir() as scratch, \
+            environment(_followed(job, run, cfg, spec, task, Path(scratch))), _share(job, spec) as cores:
         if not topology.clustered:  # (forked from this process's server: the next run starts sooner)
             forks = forkserver.shared(run.log("forkserver"))
-            outcome = run_tasks([TaskProcess("train", argv, forks=forks)], run, job=job)
+            outcome = run_tasks([TaskProcess("train", argv, cluster_lib.thread_caps("worker", 1, cores=len(cores))
+                                             if cores else {}, cores=cores, forks=forks)], run, job=job)
         elif topology.local:
-            outcome = cluster_tasks.run_local(cfg, run, argv, job, evaluator=cfg.cluster.evaluator,
+            outcome = cluster_tasks.run_local(cfg, run, argv, job, evaluator=cfg.cluster.evaluator, share=cores,
                                               restarted=lambda cfg, restarts: _resuming(cfg, run, restarts.workers))
         else:  # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
             outcome = cluster_tasks.run_this_task(cfg, run, argv, spec, task, job)
@@ -107,12 +110,41 @@ def _tracked(config: dict, run: RunDir, job: Job | None, spec: dict | None, task
     return tracking.start(config, run, job)
 
 
+def _followed(job: Job | None, run: RunDir, cfg, spec, task, scratch: Path) -> dict:
+    """An Optuna search's trial (trial.py) hears of each epoch the run's chief ends, from its launcher;
+    with a pruner, every training task waits for each epoch's verdict (VERDICT: the file the launcher
+    writes it in). A cluster across machines, whose tasks cannot read that file: reported, not pruned."""
+    if not (job and job.trial) or (spec and task.name != cluster_lib.chief_of(spec)):
+        return {}
+    if spec and job.trial.pruner:
+        log.warning("trial %d: its tasks run on several machines, which cannot wait for a pruner's verdict: its "
+                    "epochs are reported to the study, and it is not pruned", job.num)
+        job.trial.pruner = None
+    verdicts = scratch / "verdict" if job.trial.pruner else None
+    job.trial.follow(run, cfg.trainer.objective, verdicts)
+    return {VERDICT: str(verdicts)} if verdicts else {}
+
+
+@contextlib.contextmanager
+def _share(job: Job | None, spec):
+    """The cores of this machine a trial run beside others takes (trial.share: its tasks pinned there,
+    TensorFlow's threads sized to them), locked from the other trials' for the run; else None: all."""
+    wanted = job.trial.cores if job and job.trial and not spec else 0
+    with cluster_lib.CoreLocks(wanted) as locked:
+        if wanted:
+            log.info("trial %d: cores %s, its share of this machine's %d%s", job.num, locked.cores,
+                     len(locked.all), f" ({locked.shared})" if locked.shared else "")
+        yield set(locked.cores) if wanted else None
+
+
 def _settled(cfg, run_dir: Path, job: Job | None, overrides) -> tuple:
     """(The config checked, a resume's taken from its run, with its data source settled; the data files
     found where they are on this machine, else None; why this source)."""
     cfg = validate(cfg)
     if job:
-        check_objective(cfg)
+        check_objective(cfg, per_epoch=bool(job.trial and job.trial.pruner))
+    if job and job.trial and not {"csv", "mlflow"} & set(cfg.logger):  # its epochs, which the trial reports
+        cfg = OmegaConf.merge(cfg, {"logger": {"csv": {}}})
     if cfg.trainer.resume:
         auto = cfg.trainer.resume == "auto"
         cfg = validate(resumed(cfg, run_dir, list(overrides)))
@@ -229,9 +261,12 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
             log.warning("curves.png not drawn: %s", exc)
     if tracked:  # (after results.json's last facts and curves.png)
         tracked.finish()
+    if job and job.trial and config:
+        job.trial.finish(run, config["trainer"]["objective"])
     if job:
-        if outcome.status == "ok":
-            log.info("job %s: ok%s", job, f" - {short_line(results)}" if results else "")
+        if outcome.status in ("ok", "pruned"):
+            log.info("job %s: %s%s", job, outcome.status, f" - {short_line(results)}" if results else
+                     f" - {outcome.error}" if outcome.error else "")
         else:
             log.error("job %s: %s (exit status %d)%s", job, outcome.status, outcome.code,
                       f" - {outcome.error}" if outcome.error else "")

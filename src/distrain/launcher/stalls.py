@@ -109,11 +109,34 @@ def record(found: dict, logs: dict, why: str) -> str:
     return stamp
 
 
+def standing_still(task) -> float:
+    """The time of a task's training's last step where that step stands still for longer than its
+    stall_after (and was not reported yet), else 0. task: a supervisor.TaskProcess."""
+    try:
+        moved = task.position_path.stat().st_mtime
+    except (AttributeError, FileNotFoundError):  # not training (yet, or any more)
+        return 0.0
+    if task.stall_after and moved != task.stall_seen and time.time() - moved > task.stall_after:
+        return moved
+    return 0.0
+
+
+def _log_writer(path: Path):
+    """A writer of the launcher's lines (the stacks) into a task's log."""
+    def write(data: bytes) -> None:
+        try:
+            with open(path, "ab") as log_file:
+                log_file.write(data)
+        except OSError as exc:
+            log.warning("cannot write %s (%s)", path, exc.strerror or exc)
+    return write
+
+
 def look(tasks: list, run) -> None:
     """Every task's stacks into its log, and a line saying where each is, when a training task's step
     stands still, or when `distrain stacks` asks (then into logs/stacks.txt as well). The launcher looks
     each time round its loop (supervisor.run_tasks)."""
-    still = [(task, moved) for task in tasks if (moved := task.standing_still())]  # (supervisor.TaskProcess)
+    still = [(task, moved) for task in tasks if (moved := standing_still(task))]  # (supervisor.TaskProcess)
     asked = (run.logs / REQUEST).exists()
     if not still and not asked:
         return
@@ -122,7 +145,7 @@ def look(tasks: list, run) -> None:
     why = "asked by distrain stacks" if asked else \
         f"no training step for {still[0][0].stall_after:g} s: half of cluster.peer_timeout"
     found = dump(tasks)
-    stamp = record(found, {t.name: t.write_log for t in tasks}, why)
+    stamp = record(found, {t.name: _log_writer(t.log_path) for t in tasks}, why)
     peers = "ps" if any(t.task and t.task.type == "ps" for t in tasks) else "workers" if len(tasks) > 1 else "none"
     said = summary(found, peers)
     if asked:

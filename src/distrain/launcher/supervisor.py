@@ -188,25 +188,6 @@ class TaskProcess:
         except (TypeError, FileNotFoundError):  # no heartbeat (yet, or any more)
             return False
 
-    def standing_still(self) -> float:
-        """The time of its training's last step where that step stands still for longer than stall_after
-        (and was not reported yet), else 0."""
-        try:
-            moved = self.position_path.stat().st_mtime
-        except (AttributeError, FileNotFoundError):  # not training (yet, or any more)
-            return 0.0
-        if self.stall_after and moved != self.stall_seen and time.time() - moved > self.stall_after:
-            return moved
-        return 0.0
-
-    def write_log(self, data: bytes) -> None:
-        """Lines of the launcher's into the task's log (its stacks)."""
-        try:
-            with open(self.log_path, "ab") as log_file:
-                log_file.write(data)
-        except OSError as exc:
-            log.warning("cannot write %s (%s)", self.log_path, exc.strerror or exc)
-
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             self.memory.look(self.proc.pid)  # its peak up to now: the last look may be 0.5 s old
@@ -268,7 +249,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
         changed("running")
         while True:
             _check_stopped(job)
-            ended = _ended(tasks, seen, run, restarts, changed) or _grown(tasks, restarts)
+            ended = _ended(tasks, seen, run, restarts, changed) or _grown(tasks, restarts) or _pruned(job)
             if ended is None and all(t.proc.poll() == 0 or (t.proc.poll() is not None and t.name in seen)
                                      for t in tasks if t.main):  # (a failure not yet acted on: not over)
                 for task in tasks:
@@ -384,6 +365,12 @@ def _grown(tasks: list, restarts: Restarts | None) -> Outcome | None:
                                                 for t in tasks if t.main):
         return Outcome(0, "restarting", restarts.grow(), restart=True)
     return None
+
+
+def _pruned(job) -> Outcome | None:
+    """The Optuna search's pruner stopped this job's trial (trial.py): its tasks stop as on preemption."""
+    why = job.trial.pruned if job and job.trial else None
+    return Outcome(0, "pruned", why) if why else None
 
 
 def _failed(task: TaskProcess, code: int, why: str, count: int, restarts: Restarts | None, run: RunDir) -> Outcome:

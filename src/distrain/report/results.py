@@ -101,9 +101,25 @@ def headline(r: dict) -> str:
     return f"test {first.removeprefix('test_')} {r[first]:.4g}"
 
 
+def figure(results: dict, name: str) -> float | None:
+    """A number of results.json, or the last value of a figure of each epoch (val_accuracy: the last
+    validation's); None where the run has neither."""
+    value = results[name] if name in results else ((results.get("history") or {}).get(name) or [None])[-1]
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def test_numbers(results: dict) -> dict:
     """The test loss and each metric's test value of a run's results ({"test_loss": ..., "test_mae": ...})."""
     return {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, float)}
+
+
+def validation_numbers(results: dict, rows: list | None) -> dict:
+    """The last validation's loss and metrics ({"val_loss": ..., "val_accuracy": ...}): of the run's
+    history, or of metrics.csv's rows where it has no results (a pruned trial, stopped before its end)."""
+    history = results.get("history") or {}
+    if not history and rows:
+        history = {k: [row[k] for row in rows if row.get(k) is not None] for k in rows[-1] if k.startswith("val_")}
+    return {k: v[-1] for k, v in history.items() if k.startswith("val_") and v}
 
 
 def summary_line(r: dict) -> str:

@@ -21,7 +21,7 @@ from distrain.common.messages import ERROR
 from distrain.common.rundir import STATUS, RunDir
 from distrain.common.storage import record, write_atomic
 from distrain.config import overrides
-from distrain.report.results import logs_for_tensorboard, test_numbers
+from distrain.report.results import logs_for_tensorboard, test_numbers, validation_numbers
 
 MEASURES = [  # summary column <- results.json key
     ("strategy", "strategy"), ("model", "model"), ("params", "model_params"), ("workers", "num_workers"),
@@ -41,10 +41,12 @@ FORMATS = {"examples_per_sec": "{:,.0f}", "steps_per_sec": "{:.1f}", "speedup": 
 class Job:
     """Where a run stands in a sweep: its number, and its overrides of the keys the sweep varies
     (e.g. ["cluster.workers=2"]). sweep_dir: for a job in a process of its own, where the jobs tell each
-    other that the sweep was interrupted (sweep.SweepSummary)."""
+    other that the sweep was interrupted (sweep.SweepSummary). trial: the job's trial of an Optuna
+    search (trial.Trial), which its launcher reports each epoch to and its pruner may stop."""
     num: int
     overrides: list = field(default_factory=list)
     sweep_dir: Path | None = None
+    trial: object = None
 
     def stopped_by(self) -> int | None:
         """The signal that interrupted the sweep, as one of its jobs said, or None."""
@@ -150,7 +152,8 @@ def _tracked_sweep(config):
 class Summary:
     def __init__(self, sweep_dir: Path, rows: list, varying: list):
         self.sweep_dir, self.rows, self.varying = sweep_dir, rows, varying
-        self.failed = [r for r in rows if r["status"] != "ok"]
+        self.failed = [r for r in rows if r["status"] not in ("ok", "pruned")]  # (pruned: an Optuna search's)
+        self.pruned = [r for r in rows if r["status"] == "pruned"]
         self.notes = scaling_notes(rows)
 
 
@@ -183,7 +186,8 @@ def summarize(sweep_dir: Path, out=None) -> Summary | None:
     write_atomic(sweep_dir / "summary.md", "\n".join(text) + "\n")
     picture = plot(summary, sweep_dir / "scaling.png")
     sessions = log_dashboard(summary)
-    print("\n".join([f"Sweep summary ({len(rows)} job(s), {len(summary.failed)} not ok): {sweep_dir}",
+    pruned = f", {len(summary.pruned)} pruned" if summary.pruned else ""
+    print("\n".join([f"Sweep summary ({len(rows)} job(s), {len(summary.failed)} not ok{pruned}): {sweep_dir}",
                      *summary.notes, table]), file=out)
     for row in summary.failed:
         said = (row["error"] or "").removeprefix(ERROR).strip()
@@ -256,8 +260,8 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     row["peak_rss_mib"] = max(peaks.values()) if peaks else ""  # the largest task's
     sizes = results.get("membership") or []  # (a run resumed at other sizes: its workers from each step)
     row["resized"] = " ".join(f"{m['workers']}@{m['from_step']}" for m in sizes) if len(sizes) > 1 else ""
-    row["metrics"] = test_numbers(results)
-    row.update(row["metrics"])  # the test value of each metric the run measured
+    row["metrics"] = {**test_numbers(results), **validation_numbers(results, run.read_metrics())}
+    row.update(row["metrics"])  # the test value of each metric the run measured, and its last validation's
     return row
 
 
@@ -330,7 +334,7 @@ def markdown(rows: list, columns: list) -> str:
             return ""
         if column in FORMATS:
             return FORMATS[column].format(value)
-        return f"{value:.4g}" if column.startswith("test_") and isinstance(value, float) else \
+        return f"{value:.4g}" if column.startswith(("test_", "val_")) and isinstance(value, float) else \
             str(value).replace("|", "\\|")
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]

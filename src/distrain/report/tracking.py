@@ -40,7 +40,7 @@ MEASURED = {"train_seconds", "seconds_to_first_step", "examples_per_sec", "steps
             "final_train_loss", "input_examples_per_sec", "steps_examples_per_sec", "input_cpu_share",
             "input_cpu_per_example", "model_params", "restarts", "task_restarts", "final_num_workers"}
 # status.json's status -> MLflow's ("running": a launcher killed before it recorded the end)
-STATUS = {"ok": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "running": "KILLED"}
+STATUS = {"ok": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "running": "KILLED", "pruned": "KILLED"}
 ARTIFACTS = ["config.yaml", "results.json", "status.json", "metrics.csv", "curves.png", "cluster.json"]
 SWEEP_ARTIFACTS = ["summary.csv", "summary.md", "scaling.png", "optimization_results.yaml", "multirun.yaml"]
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
@@ -278,8 +278,9 @@ class Tracked:
         if status.get("status") == "ok" and self.settings.get("log_model", True) and self.run.saved_model.is_dir() \
                 and self.state.get("model_at_step") != step:
             self.state |= {"model": self._log_model(results), "model_at_step": step}
-        if status.get("error"):
-            self.client.set_tag(self.run_id, "error", status["error"][:MAX_VALUE])
+        if status.get("error"):  # (a trial its Optuna search pruned: tagged pruned, with the epoch)
+            self.client.set_tag(self.run_id, "pruned" if status.get("status") == "pruned" else "error",
+                                status["error"][:MAX_VALUE])
         self.client.set_terminated(self.run_id, STATUS.get(status.get("status"), "FAILED"))
         self.state["finished"] = True
         self._save()

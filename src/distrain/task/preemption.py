@@ -6,10 +6,15 @@ import os
 import shutil
 import signal
 import tempfile
+import time
+from pathlib import Path
 
 import tensorflow as tf
 
 from distrain.common.lifetime import on_exit, scratch
+from distrain.common.messages import VERDICT
+
+VERDICT_SECONDS = 30  # a launcher that does not judge an epoch in this time lets the training go on
 
 
 class Preempted(Exception):
@@ -34,6 +39,7 @@ class Preemption:
     service (no collective per step). Its own save is left empty: the training loop saves the run's
     checkpoint, with its position, once due() says so on every worker alike."""
     requested = False
+    heard = False  # SIGTERM came (on a synchronous cluster, before the workers agree on the step)
     _handler = None
 
     @classmethod
@@ -49,6 +55,13 @@ class Preemption:
             strategy.cluster_resolver, tf.train.Checkpoint(), checkpoint_dir=os.path.join(bookkeeping, "agreement"),
             termination_config=tf.distribute.experimental.TerminationConfig(
                 exit_fn=cls._agree, save_fn=lambda *args, **kwargs: None))
+        agreeing = signal.getsignal(signal.SIGTERM)  # (the handler's own: heard first, then passed on)
+
+        def hear(signum, frame):
+            cls.heard = True
+            if callable(agreeing):
+                agreeing(signum, frame)
+        signal.signal(signal.SIGTERM, hear)
 
     @classmethod
     def due(cls) -> bool:
@@ -62,7 +75,24 @@ class Preemption:
 
     @classmethod
     def _request(cls, signum, frame) -> None:
-        cls.requested = True
+        cls.requested = cls.heard = True
+
+    @classmethod
+    def await_verdict(cls, epoch: int) -> bool:
+        """Under a pruner (report/trial.py) the launcher judges each epoch as metrics.csv gains its row, and
+        every training task waits for the verdict at the epoch's end: the epoch let go on (False), or
+        SIGTERM for a pruned trial (True: stop here, every task of a synchronous cluster at this same
+        step, with no agreement needed). Bounded by VERDICT_SECONDS; at once without a pruner."""
+        path = os.environ.get(VERDICT)
+        deadline = time.monotonic() + VERDICT_SECONDS
+        while path and not cls.heard and time.monotonic() < deadline:
+            try:
+                if int(Path(path).read_text()) >= epoch:
+                    return False
+            except (OSError, ValueError):  # (none yet)
+                pass
+            time.sleep(0.01)
+        return bool(path) and cls.heard
 
     @staticmethod
     def _agree() -> None:

@@ -348,7 +348,9 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
             saves.save(progress, (epoch + 1) * steps)
         if rows:  # (after its checkpoint: a restarted run has every epoch of its rows)
             rows(progress)
-        if Preemption.requested and epoch + 1 < t.epochs:
+        # An Optuna trial's pruner judges the row: every training task waits, and stops here if pruned.
+        pruned = epoch + 1 < t.epochs and Preemption.await_verdict(progress.epoch)
+        if (Preemption.requested or pruned) and epoch + 1 < t.epochs:
             raise Preempted((epoch + 1) * steps)
         if board:
             board.write(epoch, logs, {"epoch_examples_per_sec": steps * schema.update_batch(t) /

@@ -74,9 +74,10 @@ class Trainer:
                                        Check(lambda v: v is None or (len(v) == 2 and 0 <= v[0] < v[1]),
                                              "must be [START,END], two global steps with 0 <= START < END"),
                                        example="[100,120]")
-    objective: str = key("test_accuracy", "the number of results.json a sweep's Optuna search optimises "
-                         "(test_loss, test_<metric>, final_train_loss, examples_per_sec; set "
-                         "hydra.sweeper.direction=minimize for a loss)")
+    objective: str = key("test_accuracy", "the figure a sweep's Optuna search optimises: a number of results.json "
+                         "(test_loss, test_<metric>, final_train_loss, examples_per_sec) or of each epoch (loss, "
+                         "val_accuracy: its last value, and what a pruner watches); hparams_search=optuna sets "
+                         "val_accuracy. hydra.sweeper.direction=minimize for a loss")
 
 
 def update_batch(t) -> int:
