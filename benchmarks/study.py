@@ -1,7 +1,7 @@
 """What an Optuna study (hparams_search=optuna) gains from the sweeper's choices: the same seeded search of
 learning rate (log-uniform) and batch size, each a fresh command, run two ways side by side.
 
-    python benchmarks/study.py [--compare pruning|cores] [--trials 12] [--epochs 4] [--pruner NODE]
+    python benchmarks/study.py [--compare pruning|slots|cores] [--trials 12] [--epochs 4] [--pruner NODE]
                                [train.py overrides...]          (model=mlp unless an override names another)
 
   pruning   with and without hydra.sweeper.pruner (MedianPruner, 2 start-up trials, 1 warm-up epoch):
@@ -9,6 +9,8 @@ learning rate (log-uniform) and batch size, each a fresh command, run two ways s
             of the epochs, the best within 0.01)
   cores     2 trials at once under joblib, each pinned to its share of the cores (split_cores=true) or
             all sharing them: the sweep's examples/s (every trial's examples over the wall-clock time)
+  slots     2 trials at once under joblib, pruned: the slots' idle share, as measured (a trial asked as
+            a slot frees), against the share batches of 2 would idle on the same trials' durations
 
 Prints one JSON line: the ratios (pruned / unpruned; split / shared) and each study's figures.
 """
@@ -26,6 +28,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PRUNER = "{_target_: optuna.pruners.MedianPruner, n_startup_trials: 2, n_warmup_steps: 1}"
 WAYS = {"pruning": {"unpruned": [], "pruned": ["hydra.sweeper.pruner={pruner}"]},
+        "slots": {"unpruned": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+                  "pruned": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.pruner={pruner}"]},
         "cores": {"shared": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.split_cores=false"],
                   "split": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.split_cores=true"]}}
 
@@ -46,10 +50,28 @@ def study(overrides: list, sweep_dir: Path) -> dict:
         epochs += rows
         examples += rows * results["steps_per_epoch"] * results["global_batch_size"] if results else 0
     statuses = [json.loads(path.read_text())["status"] for path in sweep_dir.glob("*/status.json")]
+    idle = idle_shares(sweep_dir) if "hydra.launcher.n_jobs=2" in overrides else {}
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     return {"seconds": round(seconds, 1), "epochs": epochs, "pruned": statuses.count("pruned"),
             "trials": len(statuses), "best_val_accuracy": round(best["best_value"], 4),
-            "examples_per_sec": round(examples / seconds, 1)}
+            "examples_per_sec": round(examples / seconds, 1), **idle}
+
+
+def idle_shares(sweep_dir: Path) -> dict:
+    """2 slots: the share of slot time no trial ran, from the study's own start and end times; and what
+    batches of 2 (Hydra's sweeper: trials 0-1, then 2-3, ...) would idle on the same durations."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(sweep_dir / "optuna.journal")))
+    trials = sorted(optuna.load_study(study_name="distrain", storage=storage).trials, key=lambda t: t.number)
+    spans = [(t.datetime_start.timestamp(), t.datetime_complete.timestamp()) for t in trials]
+    took = [end - start for start, end in spans]
+    wall = max(end for _, end in spans) - min(start for start, _ in spans)
+    pairs = [took[i:i + 2] for i in range(0, len(took), 2)]
+    batches = sum(max(pair) for pair in pairs)
+    return {"idle_share": round(1 - sum(took) / (2 * wall), 3),
+            "idle_share_in_batches": round(1 - sum(took) / (2 * batches), 3)}
 
 
 def main() -> None:
@@ -67,9 +89,10 @@ def main() -> None:
     finally:
         shutil.rmtree(where, ignore_errors=True)
     base, other = found.values()
-    ratios = {f"{k}_ratio": round(other[k] / base[k], 3) for k in ("epochs", "seconds", "examples_per_sec")}
+    ratios = {f"{k}_ratio": round(other[k] / base[k], 3) for k in ("epochs", "seconds", "examples_per_sec")
+              if base[k]}
     ratios["best_difference"] = round(other["best_val_accuracy"] - base["best_val_accuracy"], 4)
-    print(json.dumps({"compare": opts.compare, **ratios, **({"pruner": opts.pruner} if opts.compare == "pruning"
+    print(json.dumps({"compare": opts.compare, **ratios, **({"pruner": opts.pruner} if opts.compare != "cores"
                                                               else {}), **found}))
 
 

@@ -218,7 +218,7 @@ class Reader:
         command = args[0] if args and args[0] in ("write-tfrecords", "evaluate", "predict", "summarize", "log") \
             else None
         flags, overrides = cli._flags_first(args[1:] if command else args)
-        sweep = bool({"-m", "--multirun"} & set(flags))
+        sweep = bool({"-m", "--multirun"} & set(flags)) or any(map(_sweeps, overrides))
         if {"--help", "-h", "--cfg", "-c"} & set(flags):
             code, out, err = self.main(args, cwd)
             shown = "trainer.epochs" in out or "trainer:\n  epochs:" in out
@@ -249,7 +249,14 @@ class Reader:
     def check_sweep(self, sweep_dir: Path) -> str:
         jobs = [json.loads(p.read_text())["status"] for p in sorted(sweep_dir.glob("*/status.json"))]
         missing = [name for name in SWEEP_LEAVES if not (sweep_dir / name).exists()]
-        return "" if jobs and set(jobs) == {"ok"} and not missing else f"jobs {jobs}, missing {missing}"
+        return "" if jobs and set(jobs) <= {"ok", "pruned"} and not missing else f"jobs {jobs}, missing {missing}"
+
+
+def _sweeps(override: str) -> bool:
+    """A preset of the package that makes its command a sweep without -m (hparams_search=optuna)."""
+    group, _, option = override.partition("=")
+    path = Path(cli.CONFIG_DIR) / group / f"{option}.yaml"
+    return "/" not in option and path.exists() and "mode: MULTIRUN" in path.read_text()
 
 
 def _named(doc: str, start: str, end: str) -> list:

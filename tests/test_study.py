@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import re
+import signal
 import threading
 import time
 
@@ -329,4 +330,43 @@ def test_a_clusters_trial_is_pruned_and_every_task_stops(tmp_path, cluster):
         tracked = json.loads((sweep_dir / "0" / "mlflow.json").read_text()).popitem()[1]
         found = MlflowClient(f"sqlite:///{tmp_path}/outputs/mlflow.db").get_run(tracked["run_id"])
         assert found.info.status == "KILLED" and found.data.tags["pruned"] == status["error"]
+    assert_nothing_left(sweep_dir)
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_study_and_the_same_command_finishes_it(tmp_path):
+    """Ctrl-C while trials 0 and 1 train (2 at once under joblib): both are left to go on with, no other
+    trial is asked; the same command again (trainer.resume=auto, as a rerun sweep takes) runs them first,
+    as the same trials and jobs, then trials 2 and 3: four in the study, each once."""
+    import subprocess
+    import sys
+
+    from helpers import TRAIN_PY
+
+    sweep_dir = tmp_path / "sweep"
+    args = [f"hydra.sweep.dir={sweep_dir}", "hparams_search=optuna", "model=mlp", "data=synthetic",
+            "data.train_examples=100000", "data.test_examples=256", "trainer.epochs=2", "hydra.sweeper.n_trials=4",
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    proc = subprocess.Popen([sys.executable, str(TRAIN_PY), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        logs = [sweep_dir / job / "logs" / "train.log" for job in ("0", "1")]
+        assert wait_for(lambda: all(p.exists() and "steps per epoch" in p.read_text() for p in logs), 240)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, out[-3000:]
+    first = study_of(sweep_dir).trials
+    assert [(t.number, t.state.name, t.user_attrs.get("interrupted")) for t in first] == \
+        [(0, "RUNNING", True), (1, "RUNNING", True)], out[-3000:]
+    again = subprocess.run([sys.executable, str(TRAIN_PY), *args, "trainer.resume=auto"], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    trials = study_of(sweep_dir).trials
+    assert [(t.number, t.state.name) for t in trials] == [(n, "COMPLETE") for n in range(4)]
+    assert [t.params for t in trials[:2]] == [t.params for t in first]
+    assert [row["status"] for row in read_csv(sweep_dir / "summary.csv")] == ["ok"] * 4
     assert_nothing_left(sweep_dir)
