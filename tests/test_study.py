@@ -274,8 +274,9 @@ def test_a_pruned_study_under_joblib_keeps_its_slots_busy_and_tells_it_all(tmp_p
     states = {t.number: t.state.name for t in study.trials}
     rows = {int(r["job"]): r for r in read_csv(sweep_dir / "summary.csv")}
     assert sorted(states) == sorted(rows) == list(range(8))
-    # Measured: 2 of 8 trials pruned on a Xeon with bfloat16 (3 runs), 2 on float32 kernels (1 run); the
-    # bad learning rates of the seeded search's 8 trials fall below the median by 0.03 or more.
+    # Measured on a Xeon (bfloat16), 5 runs of this study: 1 to 3 of the 8 trials pruned, which depends on
+    # which trials have ended when each is judged; one of them (0.914 after 2 epochs, against 0.93-0.94 of
+    # the start-up trials) in every run.
     pruned = [n for n, state in states.items() if state == "PRUNED"]
     assert pruned and set(states.values()) <= {"COMPLETE", "PRUNED"}, states
     for number, state in states.items():
