@@ -346,7 +346,7 @@ def test_ctrl_c_keeps_the_study_and_the_same_command_finishes_it(tmp_path):
 
     sweep_dir = tmp_path / "sweep"
     args = [f"hydra.sweep.dir={sweep_dir}", "hparams_search=optuna", "model=mlp", "data=synthetic",
-            "data.train_examples=100000", "data.test_examples=256", "trainer.epochs=2", "hydra.sweeper.n_trials=4",
+            "data.train_examples=100000", "data.test_examples=256", "trainer.epochs=1", "hydra.sweeper.n_trials=4",
             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     proc = subprocess.Popen([sys.executable, str(TRAIN_PY), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=tmp_path, start_new_session=True)

@@ -1,4 +1,4 @@
-"""Every private name of TensorFlow, tf_keras, TensorBoard and Hydra that distrain uses, in one place, each with
+"""Every private name of TensorFlow, tf_keras, TensorBoard, Hydra and MLflow that distrain uses, in one place, each with
 why no public API does (tests/test_layout.py fails by name when an upgrade moves one, and no other module
 imports `tensorflow.python`, `tf_keras.src` or a private attribute). `get(NAME)` imports it when called:
 nothing is imported with this module, so either side may use it; TensorFlow's come in task processes only
@@ -34,6 +34,12 @@ PRIVATE = {
     "hydra_class": ("hydra._internal.hydra", "Hydra",
                     "cli._mode_from_presets_only: Hydra.get_mode composes the whole config to read hydra.mode, "
                     "which hydra.main offers no way to skip where no option can set it"),
+    "hydra_basic_launcher": ("hydra._internal.core_plugins.basic_launcher", "BasicLauncher",
+                             "hydra_plugins/distrain_optuna_sweeper: a launcher that runs its jobs one at a time "
+                             "in the sweep's process, which Hydra's Launcher interface does not say"),
+    "mlflow_requirements_map": ("mlflow.utils.requirements_utils", "_init_modules_to_packages_map",
+                                "report/tracking.Beside: MLflow's map of installed packages (1 s), which log_model "
+                                "builds to check the model's pinned requirements; made while the tasks train"),
     "hparams_summary_pb": ("tensorboard.plugins.hparams.summary_v2", "_summary_pb",
                            "report/dashboard: an HParams session's end, which the public API does not write"),
 }

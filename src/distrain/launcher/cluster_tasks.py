@@ -37,7 +37,7 @@ def start_ahead(cfg, run: RunDir) -> None:
 
 
 def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bool = False, evaluator: bool = False,
-              restarted=None, share: set | None = None) -> Outcome:
+              restarted=None, share: set | None = None, stop=None) -> Outcome:
     """Every task of the cluster as a process on this machine, inside a private network if possible; the
     logs and cluster.json in `run`.
 
@@ -47,7 +47,8 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     Up to cluster.max_restarts restarts in all. `restarted(cfg, restarts)`: the config the restarted
     cluster runs (a training resumes from its latest checkpoint), written where its tasks read it; a
     ConfigError it raises ends the run. `evaluator`: with the sidecar evaluator (cluster.evaluator).
-    `share`: the cores the cluster takes (a trial's beside others'), which its workers split, pinned."""
+    `share`: the cores the cluster takes (a trial's beside others'), which its workers split, pinned;
+    `stop`: run_tasks'."""
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker,
                                              len(share) if share else None)["TF_NUM_INTRAOP_THREADS"])
@@ -86,7 +87,7 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
                                    "restarts": restarts.done, "tasks": [t.describe() for t in tasks if t.proc]})
 
             outcome = run_tasks(tasks, run, startup_timeout=c.startup_timeout, on_change=write_cluster_json,
-                                job=job, restarts=restarts)
+                                job=job, restarts=restarts, stop=stop)
             # (each task's peak over the cluster's restarts too)
             peaks = outcome.peak_rss_mib = {name: max(peak, peaks.get(name, 0.0))
                                             for name, peak in outcome.peak_rss_mib.items()}

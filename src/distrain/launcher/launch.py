@@ -77,10 +77,12 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
         if not topology.clustered:  # (forked from this process's server: the next run starts sooner)
             forks = forkserver.shared(run.log("forkserver"))
             outcome = run_tasks([TaskProcess("train", argv, cluster_lib.thread_caps("worker", 1, cores=len(cores))
-                                             if cores else {}, cores=cores, forks=forks)], run, job=job)
+                                             if cores else {}, cores=cores, forks=forks)], run, job=job,
+                                stop=_stop(job, tracked))
         elif topology.local:
             outcome = cluster_tasks.run_local(cfg, run, argv, job, evaluator=cfg.cluster.evaluator, share=cores,
-                                              restarted=lambda cfg, restarts: _resuming(cfg, run, restarts.workers))
+                                              restarted=lambda cfg, restarts: _resuming(cfg, run, restarts.workers),
+                                              stop=_stop(job, tracked))
         else:  # One task of a cluster spread over machines: this process plays the part TF_CONFIG gives it.
             outcome = cluster_tasks.run_this_task(cfg, run, argv, spec, task, job)
     return _finish(outcome, run, config, job, overrides, tracked, before)
@@ -108,6 +110,18 @@ def _tracked(config: dict, run: RunDir, job: Job | None, spec: dict | None, task
     if not tracking.wanted(config) or (task is not None and task.name != cluster_lib.chief_of(spec)):
         return None
     return tracking.start(config, run, job)
+
+
+def _stop(job: Job | None, tracked):
+    """How the run ends before its tasks do (supervisor.run_tasks asks at each look): its MLflow store
+    cannot be used (bad input, said in one line), or the Optuna search's pruner stopped its trial (its
+    tasks stop as on preemption); else None."""
+    def stop() -> Outcome | None:
+        if tracked and tracked.refused:
+            return Outcome(fail(tracked.refused), "failed", error_line(tracked.refused))
+        why = job.trial.pruned if job and job.trial else None
+        return Outcome(0, "pruned", why) if why else None
+    return stop
 
 
 def _followed(job: Job | None, run: RunDir, cfg, spec, task, scratch: Path) -> dict:
@@ -238,6 +252,8 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
     curves.png, say it in one line. config: the config.yaml written (None: the run was refused, and
     said why); `before`: a run already in the directory, which a refused command leaves as it was;
     `overrides`: a single run's, its hyperparameters in TensorBoard."""
+    if tracked:  # (made beside the tasks: nothing of it is written after this)
+        tracked.wait()
     if before and before.refused(outcome, run):
         return outcome.code  # (its one line said why)
     run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
@@ -261,6 +277,8 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
             log.warning("curves.png not drawn: %s", exc)
     if tracked:  # (after results.json's last facts and curves.png)
         tracked.finish()
+        if tracked.refused and not outcome.code:  # (bad input found after the tasks ended: said, the run kept)
+            return 2
     if job and job.trial and config:
         job.trial.finish(run, config["trainer"]["objective"])
     if job:

@@ -230,12 +230,13 @@ def print_failure(outcome: Outcome, log_path: Path) -> None:
 
 
 def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, job=None,
-              restarts: Restarts | None = None, probe_peers: bool = False) -> Outcome:
+              restarts: Restarts | None = None, probe_peers: bool = False, stop=None) -> Outcome:
     """Start the tasks and supervise them until the run is over.
 
     Over when every main task has exited (ok), an essential task fails (its status), tasks are not
     all up within startup_timeout seconds (1), or we are interrupted (128 + signal), here or, for a
-    sweep's job, in another job of the sweep (job.stopped_by). `on_change(status)`
+    sweep's job, in another job of the sweep (job.stopped_by), or `stop()` gives how it ends (launch.py:
+    a trial its pruner stopped, a tracking store that cannot be used). `on_change(status)`
     hears of every change of state ("running", then how the run ended). Whatever happens, no task
     outlives this call.
     """
@@ -249,7 +250,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
         changed("running")
         while True:
             _check_stopped(job)
-            ended = _ended(tasks, seen, run, restarts, changed) or _grown(tasks, restarts) or _pruned(job)
+            ended = _ended(tasks, seen, run, restarts, changed) or _grown(tasks, restarts) or (stop and stop())
             if ended is None and all(t.proc.poll() == 0 or (t.proc.poll() is not None and t.name in seen)
                                      for t in tasks if t.main):  # (a failure not yet acted on: not over)
                 for task in tasks:
@@ -365,12 +366,6 @@ def _grown(tasks: list, restarts: Restarts | None) -> Outcome | None:
                                                 for t in tasks if t.main):
         return Outcome(0, "restarting", restarts.grow(), restart=True)
     return None
-
-
-def _pruned(job) -> Outcome | None:
-    """The Optuna search's pruner stopped this job's trial (trial.py): its tasks stop as on preemption."""
-    why = job.trial.pruned if job and job.trial else None
-    return Outcome(0, "pruned", why) if why else None
 
 
 def _failed(task: TaskProcess, code: int, why: str, count: int, restarts: Restarts | None, run: RunDir) -> Outcome:

@@ -26,6 +26,7 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
+from distrain.common import private
 from distrain.common.errors import ConfigError
 from distrain.config import overrides, targets
 from distrain.config.validate import check_objective, instantiate_as, validate
@@ -122,13 +123,11 @@ class OptunaSweeper(Sweeper):
     def _slots(self) -> int:
         """Trials at once (trial.at_once), which joblib's launcher then follows; each trial's share of this
         machine's cores said. Hydra's basic launcher runs one at a time."""
-        from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-
         pool = getattr(self.launcher, "joblib", None)  # (JoblibLauncher's keys)
         given = trial_lib.at_once(self.n_jobs, pool)
         if not isinstance(given, int) or given < 1:
             raise ConfigError(f"hydra.sweeper.n_jobs={given}: give the number of trials run at once, 1 or more")
-        if given > 1 and isinstance(self.launcher, BasicLauncher):
+        if given > 1 and isinstance(self.launcher, private.get("hydra_basic_launcher")):
             raise ConfigError(f"hydra.sweeper.n_jobs={given}: Hydra's basic launcher runs one job at a time, in "
                               "this process: add hydra/launcher=joblib to run trials side by side (or "
                               "hydra.sweeper.n_jobs=1)")
