@@ -23,14 +23,14 @@ from helpers import ROOT, TRAIN_PY, assert_nothing_left, finish, in_process, run
 # Files written in place, not through storage.write_atomic, and why that is safe.
 WRITTEN_IN_PLACE = {"common/storage.py": "the atomic write itself",
                     "launcher/task_log.py": "task logs, appended to as they come",
-                    "launcher/supervisor.py": "a task's stacks, appended to its log",
                     "launcher/forkserver.py": "its log, appended to as it comes",
                     "common/lifetime.py": "the heartbeat: only its time",
                     "common/cluster.py": "core locks, which hold nothing",
                     "data/arrays.py": "a download to .part, then renamed",
                     "report/plots.py": "a picture to .tmp.png, then renamed",
                     "common/stacks.py": "a task's step and stacks in the scratch directory, read by the launcher alone",
-                    "launcher/stalls.py": "the empty file a task's stacks are dumped into, in the scratch directory"}
+                    "launcher/stalls.py": "the empty file a task's stacks are dumped into, in the scratch directory; "
+                                          "the stacks, appended to the task's log"}
 
 QUICK = ["model=mlp", "optimizer=sgd", "trainer.learning_rate=0.1", "data=synthetic", "data.train_examples=1024",
          "data.test_examples=256", "trainer.batch_size=64", "trainer.verbose=2"]  # 16 steps an epoch

@@ -84,10 +84,15 @@ def connect(uri: str):
     try:
         client.search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - whatever the store raised, it cannot be used
-        raise ConfigError(f"logger.mlflow.tracking_uri={uri} cannot be reached ({_short(exc)}): start the server, "
+        raise Unreachable(f"logger.mlflow.tracking_uri={uri} cannot be reached ({_short(exc)}): start the server, "
                           "or drop the key for a store beside the runs that needs none "
                           "(sqlite:///outputs/mlflow.db)") from None
     return client
+
+
+class Unreachable(ConfigError):
+    """The store does not answer: bad input before a run (said in one line), a lost server once the run's
+    tasks have started (a warning: Beside)."""
 
 
 def _answers(uri: str) -> None:
@@ -411,13 +416,16 @@ class Beside:
     once known (the launcher then ends the run, as for bad input); finish(): the Tracked's, once made."""
 
     def __init__(self, make):
-        self.tracked, self.refused = None, None
+        self.tracked, self.refused, self.lost = None, None, None
         self.thread = threading.Thread(target=self._make, args=(make,), name="mlflow-start", daemon=True)
         self.thread.start()
 
     def _make(self, make) -> None:
         try:
             self.tracked = make()
+        except Unreachable as exc:  # (it answered a moment ago, as the tasks started: a server lost since)
+            self.lost = exc
+            return
         except ConfigError as exc:
             self.refused = exc
             return
@@ -435,6 +443,9 @@ class Beside:
             self.tracked.finish()
         elif self.refused:
             print_error(self.refused)
+        elif self.lost:
+            log.warning("mlflow: %s; the run is kept, and `distrain log` logs it once the server answers",
+                        str(self.lost).split(": start the server")[0])
 
 
 def start_sweep(config: dict, sweep_dir: Path) -> Tracked:
@@ -460,5 +471,6 @@ def made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None,
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - MLflow's errors are many: each is one line here
-        raise ConfigError(f"mlflow: the run cannot be created at {settings(config)['tracking_uri']} "
-                          f"({_short(exc)})") from None
+        lost = re.search(r"\[Errno -?\d+\]|Max retries exceeded|Connection (refused|reset|aborted)", str(exc))
+        raise (Unreachable if lost else ConfigError)(f"mlflow: the run cannot be created at "
+                                                     f"{settings(config)['tracking_uri']} ({_short(exc)})") from None
