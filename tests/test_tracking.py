@@ -284,3 +284,26 @@ def test_the_logger_group_takes_one_option_or_several(chosen, loggers):
     cfg = validate(make_cfg(f"logger={chosen}"))
     assert list(cfg.logger) == loggers
     assert tracking.wanted(cfg) == ("mlflow" in loggers)
+
+
+def test_a_store_lost_while_the_run_is_made_is_a_lost_server(caplog, capsys, tmp_path):
+    """MLflow's run is made beside the tasks' start: a server that stops answering meanwhile costs the
+    lost server's one warning, the run kept; the control: a store that answers and refuses is bad input."""
+    from distrain.common.errors import ConfigError
+    from distrain.common.rundir import RunDir
+    from distrain.report import tracking
+
+    def lost():
+        raise tracking.Unreachable("mlflow: the run cannot be created at http://127.0.0.1:1 (Connection refused)",
+                                   "Connection refused")
+
+    beside = tracking.Beside(lost, "http://127.0.0.1:1", RunDir(tmp_path))
+    beside.finish()
+    assert beside.refused is None and caplog.text.count("mlflow: cannot log to http://127.0.0.1:1 (Connection "
+                                                        "refused): the run goes on") == 1
+
+    def deleted():
+        raise ConfigError("the MLflow experiment x is deleted: restore it")
+
+    refused = tracking.Beside(deleted, "http://127.0.0.1:1", RunDir(tmp_path)).wait()
+    assert refused.lost is None and str(refused.refused).startswith("the MLflow experiment x is deleted")

@@ -86,13 +86,17 @@ def connect(uri: str):
     except Exception as exc:  # noqa: BLE001 - whatever the store raised, it cannot be used
         raise Unreachable(f"logger.mlflow.tracking_uri={uri} cannot be reached ({_short(exc)}): start the server, "
                           "or drop the key for a store beside the runs that needs none "
-                          "(sqlite:///outputs/mlflow.db)") from None
+                          "(sqlite:///outputs/mlflow.db)", _short(exc)) from None
     return client
 
 
 class Unreachable(ConfigError):
     """The store does not answer: bad input before a run (said in one line), a lost server once the run's
-    tasks have started (a warning: Beside)."""
+    tasks have started (a warning: Beside). why: the cause, in a few words."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
 
 
 def _answers(uri: str) -> None:
@@ -111,6 +115,12 @@ def _answers(uri: str) -> None:
         why = exc.strerror or ("no answer within 5 s" if isinstance(exc, TimeoutError) else type(exc).__name__)
         raise ConfigError(f"logger.mlflow.tracking_uri={uri} cannot be reached ({why}): start the server, or drop "
                           "the key for a store beside the runs that needs none (sqlite:///outputs/mlflow.db)") from None
+
+
+def say_lost(uri: str, why: str, run: RunDir) -> None:
+    """The one line of a store lost while the run trains (once)."""
+    log.warning("mlflow: cannot log to %s (%s): the run goes on, and its directory keeps everything; "
+                "`distrain log %s` completes the MLflow run", uri, why, run)
 
 
 def _short(exc: Exception) -> str:
@@ -252,8 +262,7 @@ class Tracked:
     def lost(self, exc: Exception) -> None:
         if not self.said:
             self.said = True
-            log.warning("mlflow: cannot log to %s (%s): the run goes on, and its directory keeps everything; "
-                        "`distrain log %s` completes the MLflow run", self.uri, _short(exc), self.run)
+            say_lost(self.uri, _short(exc), self.run)
 
     # -- the end
     def finish(self) -> None:
@@ -407,7 +416,7 @@ def start(config: dict, run: RunDir, job=None) -> "Beside":
         tracked = made(Tracked, run, config, str(job) if job else "/".join(run.path.parts[-2:]), parent, live=True)
         tracked.follow()
         return tracked
-    return Beside(make)
+    return Beside(make, uri, run)
 
 
 class Beside:
@@ -415,8 +424,8 @@ class Beside:
     (2.5 s) leave a short run's critical path. refused: the ConfigError of a store that cannot be used,
     once known (the launcher then ends the run, as for bad input); finish(): the Tracked's, once made."""
 
-    def __init__(self, make):
-        self.tracked, self.refused, self.lost = None, None, None
+    def __init__(self, make, uri: str, run: RunDir):
+        self.uri, self.run, self.tracked, self.refused, self.lost = uri, run, None, None, None
         self.thread = threading.Thread(target=self._make, args=(make,), name="mlflow-start", daemon=True)
         self.thread.start()
 
@@ -444,8 +453,7 @@ class Beside:
         elif self.refused:
             print_error(self.refused)
         elif self.lost:
-            log.warning("mlflow: %s; the run is kept, and `distrain log` logs it once the server answers",
-                        str(self.lost).split(": start the server")[0])
+            say_lost(self.uri, self.lost.why, self.run)
 
 
 def start_sweep(config: dict, sweep_dir: Path) -> Tracked:
@@ -472,5 +480,5 @@ def made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None,
         raise
     except Exception as exc:  # noqa: BLE001 - MLflow's errors are many: each is one line here
         lost = re.search(r"\[Errno -?\d+\]|Max retries exceeded|Connection (refused|reset|aborted)", str(exc))
-        raise (Unreachable if lost else ConfigError)(f"mlflow: the run cannot be created at "
-                                                     f"{settings(config)['tracking_uri']} ({_short(exc)})") from None
+        line = f"mlflow: the run cannot be created at {settings(config)['tracking_uri']} ({_short(exc)})"
+        raise (Unreachable(line, _short(exc)) if lost else ConfigError(line)) from None
