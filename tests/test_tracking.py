@@ -172,7 +172,8 @@ def test_a_server_lost_mid_run_costs_a_warning_and_distrain_log_completes_the_ru
 
     def chaos(run):
         deadline = time.monotonic() + RUN_TIMEOUT
-        while not (run_dir / "logs" / "train.log").exists():
+        # (its MLflow run is made beside the task's start: a server lost before that is another test's)
+        while not ((run_dir / "logs" / "train.log").exists() and (run_dir / "mlflow.json").exists()):
             assert run.poll() is None and time.monotonic() < deadline, "the task never started"
             time.sleep(0.05)
         server.stop()
@@ -307,3 +308,26 @@ def test_a_store_lost_while_the_run_is_made_is_a_lost_server(caplog, capsys, tmp
 
     refused = tracking.Beside(deleted, "http://127.0.0.1:1", RunDir(tmp_path)).wait()
     assert refused.lost is None and str(refused.refused).startswith("the MLflow experiment x is deleted")
+
+
+@pytest.mark.slow
+def test_a_refused_resume_leaves_the_runs_mlflow_run_as_it_was(tmp_path):
+    """trainer.resume=true with fewer epochs than the run trained is refused by its task (exit 2): the run's
+    MLflow run stays FINISHED (it was left RUNNING), no other run is made; the control: a resume that
+    trains ends it FINISHED again, with its new epochs."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracked = ["logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "logger.mlflow.log_model=false"]
+    assert run_cli(run_dir, *TINY, "trainer.epochs=2", *tracked).returncode == 0
+    client = MlflowClient(uri)
+    run_id = json.loads((run_dir / "mlflow.json").read_text())[uri]["run_id"]
+    experiment = client.get_run(run_id).info.experiment_id
+    refused = run_cli(run_dir, *TINY, "trainer.epochs=1", "trainer.resume=true", *tracked)
+    assert refused.returncode == 2 and "has trained 2 epoch(s) already" in refused.stderr, refused.stderr[-2000:]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [r.info.run_id for r in client.search_runs([experiment])] == [run_id]
+    assert run_cli(run_dir, *TINY, "trainer.epochs=3", "trainer.resume=true", *tracked).returncode == 0
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 2, 3]

@@ -255,6 +255,8 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
     if tracked:  # (made beside the tasks: nothing of it is written after this)
         tracked.wait()
     if before and before.refused(outcome, run):
+        if tracked and tracked.tracked:
+            tracked.tracked.put_back()
         return outcome.code  # (its one line said why)
     run.write_status(outcome.status, outcome.code, outcome.error, outcome.log_tail, job)
     if logs_for_tensorboard(config):

@@ -179,7 +179,8 @@ class Tracked:
         self.state = run.read_tracked().get(self.uri) or {}
         self.lock, self.said, self.stop = threading.Lock(), False, threading.Event()
         self.follower = None
-        if not self._open():
+        self.made = not self._open()  # (by this command: a refused one deletes it again, put_back)
+        if self.made:
             self._create(name, parent)
 
     def _open(self) -> bool:
@@ -263,6 +264,18 @@ class Tracked:
         if not self.said:
             self.said = True
             say_lost(self.uri, _short(exc), self.run)
+
+    def put_back(self) -> None:
+        """After a refused command (the run's files put back as it found them): its MLflow run as it was,
+        ended as the run's status.json says, or gone where the command made it."""
+        self.stop.set()
+        try:
+            if self.made:
+                self.client.delete_run(self.run_id)
+            else:
+                self.client.set_terminated(self.run_id, STATUS.get(self.run.read_status().get("status"), "FAILED"))
+        except Exception as exc:  # noqa: BLE001 - a store that fails: the refusal is the line that matters
+            self.lost(exc)
 
     # -- the end
     def finish(self) -> None:

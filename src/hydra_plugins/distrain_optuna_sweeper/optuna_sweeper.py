@@ -104,7 +104,7 @@ class OptunaSweeper(Sweeper):
         extend = self._checked()
         study = self._study(sweep_dir)
         trials = Trials(self, study, space, fixed, extend)
-        log.info("Study %s in %s: %s %s with %s, %s; %d trial(s) in all, %d at once; %d of them before%s",
+        log.info("Study %s in %s: %s %s with %s, %s; %d trial(s) in all, %d at once; %d ended before%s",
                  study.study_name, trial_lib.where(self.storage, sweep_dir), self.direction,
                  self.config.trainer.objective, type(study.sampler).__name__,
                  f"pruned by {type(study.pruner).__name__}" if self.pruner else "no pruning", self.n_trials, slots,
