@@ -308,6 +308,10 @@ def test_a_store_lost_while_the_run_is_made_is_a_lost_server(caplog, capsys, tmp
 
     refused = tracking.Beside(deleted, "http://127.0.0.1:1", RunDir(tmp_path)).wait()
     assert refused.lost is None and str(refused.refused).startswith("the MLflow experiment x is deleted")
+    capsys.readouterr()
+    assert refused.say_refused() == 2  # (as the launcher ends the run), then at its end: said once
+    refused.finish()
+    assert capsys.readouterr().err.count("error: the MLflow experiment x is deleted") == 1
 
 
 @pytest.mark.slow

@@ -118,7 +118,7 @@ def _stop(job: Job | None, tracked):
     tasks stop as on preemption); else None."""
     def stop() -> Outcome | None:
         if tracked and tracked.refused:
-            return Outcome(fail(tracked.refused), "failed", error_line(tracked.refused))
+            return Outcome(tracked.say_refused(), "failed", error_line(tracked.refused))
         why = job.trial.pruned if job and job.trial else None
         return Outcome(0, "pruned", why) if why else None
     return stop
@@ -277,12 +277,12 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
             plots.curves(results, run / "curves.png")
         except Exception as exc:  # noqa: BLE001 - a plot that fails must not fail a finished run
             log.warning("curves.png not drawn: %s", exc)
+    if job and job.trial and config:
+        job.trial.finish(run, config["trainer"]["objective"])
     if tracked:  # (after results.json's last facts and curves.png)
         tracked.finish()
         if tracked.refused and not outcome.code:  # (bad input found after the tasks ended: said, the run kept)
             return 2
-    if job and job.trial and config:
-        job.trial.finish(run, config["trainer"]["objective"])
     if job:
         if outcome.status in ("ok", "pruned"):
             log.info("job %s: %s%s", job, outcome.status, f" - {short_line(results)}" if results else

@@ -438,7 +438,7 @@ class Beside:
     once known (the launcher then ends the run, as for bad input); finish(): the Tracked's, once made."""
 
     def __init__(self, make, uri: str, run: RunDir):
-        self.uri, self.run, self.tracked, self.refused, self.lost = uri, run, None, None, None
+        self.uri, self.run, self.tracked, self.refused, self.lost, self.said = uri, run, None, None, None, False
         self.thread = threading.Thread(target=self._make, args=(make,), name="mlflow-start", daemon=True)
         self.thread.start()
 
@@ -455,6 +455,13 @@ class Beside:
             with contextlib.suppress(Exception):  # (only sooner: log_model makes it anyway)
                 private.get("mlflow_requirements_map")()
 
+    def say_refused(self) -> int:
+        """The refusal's one line, said once (as the launcher ends the run, or at the end); its exit status."""
+        if not self.said:
+            self.said = True
+            print_error(self.refused)
+        return 2
+
     def wait(self) -> "Beside":
         self.thread.join(timeout=120)
         return self
@@ -464,7 +471,7 @@ class Beside:
         if self.wait().tracked:
             self.tracked.finish()
         elif self.refused:
-            print_error(self.refused)
+            self.say_refused()
         elif self.lost:
             say_lost(self.uri, self.lost.why, self.run)
 
