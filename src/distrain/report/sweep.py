@@ -260,7 +260,8 @@ def _job_row(job_dir: Path, sweep_dir: Path) -> dict:
     row["peak_rss_mib"] = max(peaks.values()) if peaks else ""  # the largest task's
     sizes = results.get("membership") or []  # (a run resumed at other sizes: its workers from each step)
     row["resized"] = " ".join(f"{m['workers']}@{m['from_step']}" for m in sizes) if len(sizes) > 1 else ""
-    row["metrics"] = {**test_numbers(results), **validation_numbers(results, run.read_metrics())}
+    rows = None if results.get("history") else run.read_metrics()  # (a pruned trial's: no results)
+    row["metrics"] = {**test_numbers(results), **validation_numbers(results, rows)}
     row.update(row["metrics"])  # the test value of each metric the run measured, and its last validation's
     return row
 

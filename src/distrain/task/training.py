@@ -349,8 +349,7 @@ def run_epochs(runner, progress: Progress, t, steps: int, saves, log_dir: Path |
         if rows:  # (after its checkpoint: a restarted run has every epoch of its rows)
             rows(progress)
         # An Optuna trial's pruner judges the row: every training task waits, and stops here if pruned.
-        pruned = epoch + 1 < t.epochs and Preemption.await_verdict(progress.epoch)
-        if (Preemption.requested or pruned) and epoch + 1 < t.epochs:
+        if epoch + 1 < t.epochs and (Preemption.await_verdict(progress.epoch) or Preemption.requested):
             raise Preempted((epoch + 1) * steps)
         if board:
             board.write(epoch, logs, {"epoch_examples_per_sec": steps * schema.update_batch(t) /

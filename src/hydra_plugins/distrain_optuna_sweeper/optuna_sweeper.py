@@ -301,7 +301,6 @@ class Trials:
             trial.set_user_attr(INTERRUPTED, True)
             log.info("trial %d: interrupted; the same command goes on with it", trial.number)
             return
-        trial.set_user_attr(INTERRUPTED, False)
         self.told += 1
         if isinstance(value, trial_lib.Pruned):
             self.study.tell(trial, state=states.PRUNED)
