@@ -379,3 +379,23 @@ class MlflowServer:
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(self.uri)
+
+
+def ctrl_c(sweep_dir, args: list, logs: list, ready: str = "Epoch 1/") -> tuple[int, str]:
+    """A sweep started as a user does, Ctrl-C'd once every log in `logs` shows `ready` (training): its
+    exit status and output. Bounded in time; a sweep that does not end is killed and fails the test."""
+    proc = subprocess.Popen([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=sweep_dir.parent,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not all(p.exists() and ready in p.read_text() for p in logs):
+            assert proc.poll() is None and time.monotonic() < deadline, "the jobs never got going"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, out

@@ -5,7 +5,6 @@ import csv
 import json
 import os
 import re
-import signal
 import threading
 import time
 
@@ -342,29 +341,20 @@ def test_ctrl_c_keeps_the_study_and_the_same_command_finishes_it(tmp_path):
     import subprocess
     import sys
 
-    from helpers import TRAIN_PY
+    from helpers import TRAIN_PY, ctrl_c
 
     sweep_dir = tmp_path / "sweep"
-    args = [f"hydra.sweep.dir={sweep_dir}", "hparams_search=optuna", "model=mlp", "data=synthetic",
-            "data.train_examples=100000", "data.test_examples=256", "trainer.epochs=1", "hydra.sweeper.n_trials=4",
-            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    proc = subprocess.Popen([sys.executable, str(TRAIN_PY), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path, start_new_session=True)
-    try:
-        logs = [sweep_dir / job / "logs" / "train.log" for job in ("0", "1")]
-        assert wait_for(lambda: all(p.exists() and "steps per epoch" in p.read_text() for p in logs), 240)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 130, out[-3000:]
+    args = ["hparams_search=optuna", "model=mlp", "data=synthetic", "data.train_examples=100000",
+            "data.test_examples=256", "trainer.epochs=1", "hydra.sweeper.n_trials=4", "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2"]
+    code, out = ctrl_c(sweep_dir, args, [sweep_dir / job / "logs" / "train.log" for job in ("0", "1")],
+                       ready="steps per epoch")
+    assert code == 130, out[-3000:]
     first = study_of(sweep_dir).trials
     assert [(t.number, t.state.name, t.user_attrs.get("interrupted")) for t in first] == \
         [(0, "RUNNING", True), (1, "RUNNING", True)], out[-3000:]
-    again = subprocess.run([sys.executable, str(TRAIN_PY), *args, "trainer.resume=auto"], capture_output=True,
-                           text=True, cwd=tmp_path, timeout=600)
+    again = subprocess.run([sys.executable, str(TRAIN_PY), f"hydra.sweep.dir={sweep_dir}", *args,
+                            "trainer.resume=auto"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     trials = study_of(sweep_dir).trials
     assert [(t.number, t.state.name) for t in trials] == [(n, "COMPLETE") for n in range(4)]

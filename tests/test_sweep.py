@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from distrain.common.rundir import RunDir
 from distrain.launcher import supervisor, task_log
 from distrain.report import dashboard, sweep
 
-from helpers import ROOT, RUN_TIMEOUT, TRAIN_PY, assert_nothing_left, make_cfg, sweep_cli, tensorboard_values
+from helpers import ROOT, RUN_TIMEOUT, assert_nothing_left, ctrl_c, make_cfg, sweep_cli, tensorboard_values
 
 TINY = ["model=mlp", "data=synthetic", "data.train_examples=512", "data.test_examples=128", "trainer.epochs=2",
         "trainer.batch_size=64", "trainer.save_model=false", "trainer.verbose=2"]
@@ -295,26 +294,6 @@ def quiet_end(out: str) -> bool:
     joblib's resource tracker warns of when its workers are killed)."""
     return not re.search(r"Traceback|Warning: |warnings\.warn", out) and out.splitlines()[-1].startswith(
         "interrupted by SIGINT: every job stopped")
-
-
-def ctrl_c(sweep_dir, args: list, logs: list) -> tuple[int, str]:
-    """A sweep started as a user does, Ctrl-C'd once every log in `logs` shows training: its exit
-    status and output. Bounded in time; a sweep that does not end is killed and fails the test."""
-    proc = subprocess.Popen([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=sweep_dir.parent,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while not all(p.exists() and "Epoch 1/" in p.read_text() for p in logs):
-            assert proc.poll() is None and time.monotonic() < deadline, "the jobs never got going"
-            time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return proc.returncode, out
 
 
 def test_ctrl_c_stops_a_parallel_sweep_and_records_the_interrupted_jobs(tmp_path):

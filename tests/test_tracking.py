@@ -292,10 +292,10 @@ def test_a_store_lost_while_the_run_is_made_is_a_lost_server(caplog, capsys, tmp
     lost server's one warning, the run kept; the control: a store that answers and refuses is bad input."""
     from distrain.common.errors import ConfigError
     from distrain.common.rundir import RunDir
-    from distrain.report import tracking
+    from distrain.report import mlflow_store, tracking
 
     def lost():
-        raise tracking.Unreachable("mlflow: the run cannot be created at http://127.0.0.1:1 (Connection refused)",
+        raise mlflow_store.Unreachable("mlflow: the run cannot be created at http://127.0.0.1:1 (Connection refused)",
                                    "Connection refused")
 
     beside = tracking.Beside(lost, "http://127.0.0.1:1", RunDir(tmp_path))

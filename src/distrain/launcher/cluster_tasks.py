@@ -47,8 +47,7 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     Up to cluster.max_restarts restarts in all. `restarted(cfg, restarts)`: the config the restarted
     cluster runs (a training resumes from its latest checkpoint), written where its tasks read it; a
     ConfigError it raises ends the run. `evaluator`: with the sidecar evaluator (cluster.evaluator).
-    `share`: the cores the cluster takes (a trial's beside others'), which its workers split, pinned;
-    `stop`: run_tasks'."""
+    `share`: a trial's cores, which its workers split (cluster_tasks); `stop`: run_tasks'."""
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker,
                                              len(share) if share else None)["TF_NUM_INTRAOP_THREADS"])
@@ -73,9 +72,8 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
         # Started only now, so that a run refused above imports nothing; kept for this process's next run.
         forks = forkserver.shared(run.log("forkserver"), net.wrap)
         while True:
-            spec, tasks = cluster_tasks(cfg, argv, net, sorted(share) if share else cores.cores, per_worker, forks,
-                                        independent_workers, evaluator, pin=bool(share) or c.pin_workers,
-                                        confined=bool(share))
+            spec, tasks = cluster_tasks(cfg, argv, net, cores.cores, per_worker, forks, independent_workers,
+                                        evaluator, share)
             for task in tasks:  # after a restart of the cluster, each task's log goes on
                 task.restarts = restarts.per_task[task.name]
                 # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
@@ -101,10 +99,12 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
 
 
 def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, independent_workers: bool = False,
-                  evaluator: bool = False, pin: bool = False, confined: bool = False) -> tuple[dict, list]:
-    """The cluster spec (ports picked free) and a TaskProcess for each of its tasks; `pin`: each worker
-    on its own per_worker of `cores`; `confined`: the other tasks on `cores` too (a trial's share)."""
+                  evaluator: bool = False, share: set | None = None) -> tuple[dict, list]:
+    """The cluster spec (ports picked free) and a TaskProcess for each of its tasks; each worker pinned
+    to its own per_worker of `cores` (cluster.pin_workers), or of `share` (a trial's, where every task
+    stays)."""
     c, topology = cfg.cluster, Topology.of(cfg)
+    pin, cores = bool(share) or c.pin_workers, sorted(share) if share else cores
     spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
     tasks = []
     for task_type, addresses in spec.items():
@@ -115,7 +115,7 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
                    **cluster_lib.thread_caps(task_type, c.workers, per_worker if pin else c.threads_per_worker)}
             serves = topology.parameter_servers and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if pin and task_type == "worker" else \
-                set(cores) if confined else None
+                set(cores) if share else None
             alone = task_type == "worker" and (serves or independent_workers)
             tasks.append(TaskProcess(task.name, net.wrap(argv), env, main=not serves, alone=alone,
                                      quiet=topology.synchronous and index > 0, task=task, cores=pinned,

@@ -26,10 +26,11 @@ import warnings
 from pathlib import Path
 
 from distrain.common import private
-from distrain.common.errors import ConfigError, first_line, print_error
+from distrain.common.errors import ConfigError, print_error
 from distrain.common.rundir import RunDir
 from distrain.config import schema
 from distrain.config.overrides import split
+from distrain.report import mlflow_store
 from distrain.report.results import epoch_rows
 
 log = logging.getLogger("distrain")
@@ -64,90 +65,10 @@ def settings(config) -> dict:
     return {**found, "tracking_uri": uri, "experiment": experiment}
 
 
-def connect(uri: str):
-    """An MlflowClient of a store that answers, or a one-line ConfigError naming the URI (a server that
-    refuses the connection: said before MLflow is imported, in a tenth of a second)."""
-    for name, value in {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-                        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}.items():  # (our own line says where)
-        os.environ.setdefault(name, value)  # (a server that is gone is said in seconds, not minutes)
-    _answers(uri)
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    from mlflow.tracking import MlflowClient
-
-    for name in ("mlflow", "alembic"):  # (after MLflow's import, which sets its own)
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # (each retry: said once, below)
-
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        client.search_experiments(max_results=1)
-    except Exception as exc:  # noqa: BLE001 - whatever the store raised, it cannot be used
-        raise Unreachable(f"logger.mlflow.tracking_uri={uri} cannot be reached ({_short(exc)}): start the server, "
-                          "or drop the key for a store beside the runs that needs none "
-                          "(sqlite:///outputs/mlflow.db)", _short(exc)) from None
-    return client
-
-
-class Unreachable(ConfigError):
-    """The store does not answer: bad input before a run (said in one line), a lost server once the run's
-    tasks have started (a warning: Beside). why: the cause, in a few words."""
-
-    def __init__(self, message: str, why: str):
-        super().__init__(message)
-        self.why = why
-
-
-def _answers(uri: str) -> None:
-    """An http(s) store's host takes a connection (else the ConfigError connect() raises, at once: MLflow's
-    own client retries with back-off, seconds, before it says so)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    where = urlsplit(uri)
-    if where.scheme not in ("http", "https") or not where.hostname:
-        return
-    try:
-        socket.create_connection((where.hostname, where.port or (443 if where.scheme == "https" else 80)),
-                                 timeout=5).close()
-    except OSError as exc:
-        why = exc.strerror or ("no answer within 5 s" if isinstance(exc, TimeoutError) else type(exc).__name__)
-        raise ConfigError(f"logger.mlflow.tracking_uri={uri} cannot be reached ({why}): start the server, or drop "
-                          "the key for a store beside the runs that needs none (sqlite:///outputs/mlflow.db)") from None
-
-
 def say_lost(uri: str, why: str, run: RunDir) -> None:
     """The one line of a store lost while the run trains (once)."""
     log.warning("mlflow: cannot log to %s (%s): the run goes on, and its directory keeps everything; "
                 "`distrain log %s` completes the MLflow run", uri, why, run)
-
-
-def _short(exc: Exception) -> str:
-    """Why a store failed, in a few words: the connection's error, the HTTP status, else the error's first line."""
-    text = str(exc)
-    if found := re.search(r"\[Errno -?\d+\] ([^\"')(]+)", text):
-        return found.group(1).strip().rstrip(".")
-    if found := re.search(r"error code (\d+)", text):
-        return f"it answers HTTP {found.group(1)}: is it an MLflow server?"
-    return first_line(text)[:160] or type(exc).__name__
-
-
-def experiment_id(client, name: str, uri: str) -> str:
-    """The experiment's id, created where missing (a job side by side may create it meanwhile)."""
-    from mlflow.exceptions import MlflowException
-
-    found = client.get_experiment_by_name(name)
-    if found is None:
-        where = Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" if uri.startswith("sqlite:") else None
-        try:
-            return client.create_experiment(name, artifact_location=where.as_uri() if where else None)
-        except MlflowException:
-            found = client.get_experiment_by_name(name)
-    if found is None or found.lifecycle_stage == "deleted":
-        raise ConfigError(f"the MLflow experiment {name} is deleted: restore it (mlflow experiments restore "
-                          f"--experiment-id ...), or set logger.mlflow.experiment to another name")
-    return found.experiment_id
 
 
 def flat(config: dict, prefix: str = "") -> dict:
@@ -175,7 +96,7 @@ class Tracked:
     def __init__(self, run: RunDir, config: dict, name: str, parent: dict | None = None):
         self.run, self.config, self.settings = run, config, settings(config)
         self.uri = self.settings["tracking_uri"]
-        self.client = connect(self.uri)
+        self.client = mlflow_store.connect(self.uri)
         self.state = run.read_tracked().get(self.uri) or {}
         self.lock, self.said, self.stop = threading.Lock(), False, threading.Event()
         self.follower = None
@@ -195,7 +116,8 @@ class Tracked:
 
     def _create(self, name: str, parent: dict | None) -> None:
         s = self.settings
-        experiment = parent["experiment_id"] if parent else experiment_id(self.client, s["experiment"], self.uri)
+        experiment = parent["experiment_id"] if parent else \
+            mlflow_store.experiment_id(self.client, s["experiment"], self.uri)
         tags = {"distrain.version": importlib.metadata.version("distrain"), "machine": platform.node(),
                 "mlflow.source.name": "distrain", **{k: str(v) for k, v in (s.get("tags") or {}).items()}}
         if (commit := _git_commit()) is not None:
@@ -263,7 +185,7 @@ class Tracked:
     def lost(self, exc: Exception) -> None:
         if not self.said:
             self.said = True
-            say_lost(self.uri, _short(exc), self.run)
+            say_lost(self.uri, mlflow_store.short(exc), self.run)
 
     def put_back(self) -> None:
         """After a refused command (the run's files put back as it found them): its MLflow run as it was,
@@ -422,7 +344,7 @@ def start(config: dict, run: RunDir, job=None) -> "Beside":
     """A run's MLflow run (a sweep's job: nested in the sweep's), following its epochs as they end, made
     beside the tasks' start (Beside). A server that takes no connection: a one-line ConfigError now."""
     uri = settings(config)["tracking_uri"]
-    _answers(uri)
+    mlflow_store.answers(uri)
     parent = RunDir(run.path.parent).read_tracked().get(uri) if job else None
 
     def make() -> Tracked:
@@ -445,7 +367,7 @@ class Beside:
     def _make(self, make) -> None:
         try:
             self.tracked = make()
-        except Unreachable as exc:  # (it answered a moment ago, as the tasks started: a server lost since)
+        except mlflow_store.Unreachable as exc:  # (it answered as the tasks started: a server lost since)
             self.lost = exc
             return
         except ConfigError as exc:
@@ -500,5 +422,6 @@ def made(kind, run: RunDir, config: dict, name: str, parent: dict | None = None,
         raise
     except Exception as exc:  # noqa: BLE001 - MLflow's errors are many: each is one line here
         lost = re.search(r"\[Errno -?\d+\]|Max retries exceeded|Connection (refused|reset|aborted)", str(exc))
-        line = f"mlflow: the run cannot be created at {settings(config)['tracking_uri']} ({_short(exc)})"
-        raise (Unreachable(line, _short(exc)) if lost else ConfigError(line)) from None
+        why = mlflow_store.short(exc)
+        line = f"mlflow: the run cannot be created at {settings(config)['tracking_uri']} ({why})"
+        raise (mlflow_store.Unreachable(line, why) if lost else ConfigError(line)) from None
