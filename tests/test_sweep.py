@@ -560,7 +560,7 @@ def test_a_run_s_curves_draw_the_test_loss_and_the_test_metric(tmp_path, monkeyp
     results = {"history": {"loss": [2.3, 1.1], "accuracy": [0.4, 0.7]}, "test_accuracy": 0.93, "test_loss": 0.25,
                "strategy": "mirrored", "model": "cnn", "data": "mnist", "num_replicas": 2, "global_batch_size": 256}
     drawn = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.append(
         [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]))
     plots.curves(results, tmp_path / "curves.png")
     plots.curves({k: v for k, v in results.items() if k != "test_loss"}, tmp_path / "curves.png")  # the control
@@ -583,9 +583,9 @@ def test_a_run_s_curves_are_the_picture_matplotlib_lays_out_and_draw_once(tmp_pa
     monkeypatch.setattr(matplotlib.figure.Figure, "draw", lambda *a, **k: draws.append(1) or draw(*a, **k))
     plots.curves(results, tmp_path / "curves.png")
     assert len(draws) == 1
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.tight_layout(), fig.savefig(path, dpi=100)))
+    monkeypatch.setattr(plots, "save", lambda fig, path: (fig.tight_layout(), fig.savefig(path, dpi=100)))
     plots.curves(results, tmp_path / "matplotlib.png")
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.subplots_adjust(left=0.1), fig.savefig(path, dpi=100)))
+    monkeypatch.setattr(plots, "save", lambda fig, path: (fig.subplots_adjust(left=0.1), fig.savefig(path, dpi=100)))
     plots.curves(results, tmp_path / "other.png")
     picture = lambda name: Image.open(tmp_path / name).convert("RGB")
     assert ImageChops.difference(picture("curves.png"), picture("matplotlib.png")).getbbox() is None
@@ -599,7 +599,7 @@ def test_a_sweep_over_a_number_plots_against_its_values_as_ticks(monkeypatch, tm
     from distrain.report import plots
 
     drawn = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.append(fig))
     rows = [{"key": v, "test_accuracy": 0.9, "examples_per_sec": 1000.0} for v in values]
     plots.by_value(rows, "key", tmp_path / "scaling.png")
     for ax in drawn[0].axes:

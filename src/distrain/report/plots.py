@@ -9,12 +9,14 @@ matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path, bbox_inches=None) -> Path:
+    """The figure as a PNG at `path`, written whole (a reader never sees half a picture), then closed.
+    bbox_inches="tight": cropped to every artist, a legend outside the axes too (Optuna's plots)."""
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.tight_layout()
     fig.set_layout_engine(None)  # laid out: else savefig lays it out again, in a draw of its own
     try:
-        fig.savefig(tmp, dpi=100)
+        fig.savefig(tmp, dpi=100, bbox_inches=bbox_inches)
         tmp.replace(path)  # a reader never sees half a picture
     finally:
         plt.close(fig)
@@ -45,7 +47,7 @@ def curves(results: dict, path: Path) -> Path:
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     fig.suptitle(f"{results['strategy']}, {results['model']} on {results['data']}: "
                  f"{results['num_replicas']} replica(s), global batch {results['global_batch_size']}")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def scaling(rows: list, path: Path, note: str = "") -> Path:
@@ -74,7 +76,7 @@ def scaling(rows: list, path: Path, note: str = "") -> Path:
         ax.set_xticks(sorted({r["replicas"] for r in rows}))
     if note:
         fig.suptitle(note, fontsize="medium")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _time_split(ax, by_strategy: dict) -> None:
@@ -127,7 +129,7 @@ def by_value(rows: list, key: str, path: Path, series_keys=()) -> Path:
             ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         if groups.keys() != {""}:
             ax.legend(fontsize="small")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _number(value):

@@ -118,7 +118,7 @@ class OptunaSweeper(Sweeper):
             logging.getLogger(name).setLevel(logging.WARNING)
         trials.run(slots)
         self._save_best(study, sweep_dir)
-        plots(study, sweep_dir)
+        draw_plots(study, sweep_dir)
 
     def _slots(self) -> int:
         """Trials at once (trial.at_once), which joblib's launcher then follows; each trial's share of this
@@ -321,15 +321,13 @@ def _states():
     return TrialState
 
 
-def plots(study, sweep_dir: Path) -> list:
+def draw_plots(study, sweep_dir: Path) -> list:
     """Optuna's own plots of the study (its matplotlib visualisation), as PNG: the optimisation history,
     each trial's epochs, the parameters' importances; one Optuna cannot draw (too few trials) is said."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import optuna
     import optuna.visualization.matplotlib as drawing
+
+    from distrain.report import plots  # (matplotlib, Agg: only once there is something to draw)
 
     drawn, verbosity = [], optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (its warnings of too few trials: said below, once)
@@ -337,9 +335,7 @@ def plots(study, sweep_dir: Path) -> list:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (ExperimentalWarning; too few trials for importances: said below)
             try:
-                axes = getattr(drawing, function)(study)
-                axes.figure.savefig(sweep_dir / name, dpi=100, bbox_inches="tight")
-                plt.close(axes.figure)
+                plots.save(getattr(drawing, function)(study).figure, sweep_dir / name, bbox_inches="tight")
                 drawn.append(name)
             except Exception as exc:  # noqa: BLE001 - a plot that cannot be drawn never fails the search
                 log.info("%s not drawn (%s)", name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
