@@ -34,7 +34,7 @@ QUIET = ["trainer.verbose=0", "trainer.save_model=false"]
 # section compares each out of the box).
 ONEDNN, PLAIN_ONEDNN = "trainer.onednn=true", {"TF_ENABLE_ONEDNN_OPTS": "1"}
 SECTIONS = ("overhead", "settings", "cpu", "threads", "pipeline", "startup", "accuracy", "scaling", "ps_data",
-            "files", "ceiling", "decode", "predict")
+            "files", "ceiling", "decode", "predict", "service")
 
 
 class Failed(Exception):
@@ -199,6 +199,30 @@ def decode(b: Bench) -> None:
           [p["input_examples_per_sec"] / a["examples_per_sec"] for a, p in zip(arrays, streamed)], "x")
     b.row("decode", "PNG shards: the share of time waiting for input", [p["time_split"]["input"] for p in streamed])
     b.row("decode", "arrays in memory: the share of time waiting for input", [a["time_split"]["input"] for a in arrays])
+
+
+def service(b: Bench) -> None:
+    """The tf.data service on this machine (data.service.workers): its dispatcher and data workers against
+    the pipeline in the trainer, on the digits in memory and as PNG shards; 2 data workers against 1."""
+    out = b.workdir / "service-shards"
+    b._run([sys.executable, str(TRAIN), "write-tfrecords", "data.source=bundled", f"out={out}", "shards=8"])
+    png = ["data=tfrecord", f"data.train_files={out}/train-*", f"data.test_files={out}/test-*", "data.num_classes=10"]
+    e = f"trainer.epochs={b.opts.epochs}"
+    got = b.rounds("service", {
+        "arrays, in the trainer": lambda: b.train(e),
+        "arrays, the service (1 data worker)": lambda: b.train(e, "data.service.workers=1"),
+        "PNG shards, in the trainer": lambda: b.train(e, *png),
+        "PNG shards, the service (1 data worker)": lambda: b.train(e, *png, "data.service.workers=1"),
+        "PNG shards, the service (2 data workers)": lambda: b.train(e, *png, "data.service.workers=2"),
+    })
+    arrays, served, files, one, two = (got[k] for k in got)
+    b.row("service", "arrays: the service (1 data worker) / in the trainer, examples/s", ratios(served, arrays))
+    b.row("service", "PNG shards: the service (1 data worker) / in the trainer, examples/s", ratios(one, files))
+    b.row("service", "PNG shards, the first epoch: the service (1 data worker) / in the trainer",
+          [f["epoch_seconds"][0] / o["epoch_seconds"][0] for f, o in zip(files, one)])
+    b.row("service", "PNG shards: 2 data workers / 1, examples/s", ratios(two, one))
+    b.row("service", "PNG shards: 2 data workers / 1, what the service delivers alone (input_examples_per_sec)",
+          ratios(two, one, "input_examples_per_sec"))
 
 
 PLAIN_PREDICT = """

@@ -58,6 +58,13 @@ def test_the_verdict_names_the_bound_and_a_fix_that_fits_the_data():
     assert "trainer.accumulate_steps=N (one all-reduce per N batches" in reducing
     assert "accumulate_steps" not in timesplit.verdict({"time_split": {"communication": 0.6}, "bound": "communication",
                                                         "num_ps": 1}, files)  # (refused under parameter servers)
+    capped = {"time_split": {"input": 0.6}, "bound": "input", "input_examples_per_sec": 3000.0,
+              "steps_examples_per_sec": 8000.0}  # (the input alone slower than the steps: what would feed them)
+    assert timesplit.verdict(capped, files).endswith("; or the tf.data service: 3 data worker(s) on machines like "
+                                                     "this one would feed them (data.service, docs/data_in_files.md)")
+    served = make_cfg("data=tfrecord", "data.train_files=x", "data.test_files=y", "data.service.workers=2").data
+    assert timesplit.verdict(capped, served).endswith("; 6 data workers on machines of their own would feed them "
+                                                      "(data.service.address)")  # (2 deliver 3,000 examples/s)
     assert timesplit.cpu_share(2e-5, [9.0, 1.0, 1.0], 1000, 0) == pytest.approx(0.02)  # first epoch left out
     assert timesplit.cpu_share(2e-5, [1.0, 1.0], 1000, ps=1) is None  # the coordinator computes no step
 

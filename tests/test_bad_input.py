@@ -39,6 +39,8 @@ CASES = [
     ("unknown-root", ["+foo=1"], "foo is not a config key"),
     ("unknown-root-typo", ["optimiser=sgd"], "optimiser is not a key of the config: set e.g. optimizer=adam"),
     ("unknown-no-match", ["trainer.lr=0.1"], "trainer.lr is not a key of trainer"),
+    ("nested-typo", ["data.service.adress=x"],
+     "data.service.adress is not a key of data.service: set e.g. data.service.address=grpc://10.0.0.5:5050"),
     ("cnn-has-no-hidden", ["model.hidden_units=50"], "model.hidden_units is not a key of model"),
     ("mlp-has-no-dropout", ["model=mlp", "model.dropout=0.2"], "model.dropout is not a key of model"),
     ("default-has-no-device", ["strategy.device=/cpu:0"], "strategy.device is not a key of strategy"),

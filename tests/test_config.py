@@ -50,6 +50,14 @@ def test_strategy_group_has_the_contracted_names():
     (["strategy=mirrored", "strategy.cpu_virtual_devices=-1"], "strategy.cpu_virtual_devices=-1"),
     (["strategy=mirrored", "strategy.devices=[]"], "strategy.devices=[] names no device"),
     (["+trainer.epoch=1"], "trainer.epoch is not a key of trainer: set e.g. trainer.epochs=12"),
+    (["data.service.workers=-1"], "data.service.workers=-1 must be 0 or more: set e.g. data.service.workers=2"),
+    (["data.service.sharding=dyn"], "data.service.sharding=dyn is not one of dynamic, off"),
+    (["data.service.address=host"], "data.service.address=host must be grpc://host:port"),
+    (["data.service.workers=2", "data.service.address=h:1"], "data.service.workers=2 starts a service and "
+     "data.service.address names one that runs: set one of them"),
+    (["data.service.workers=2", "cluster=tf_config"], "data.service.workers=2 starts the service's tasks on this "
+     "machine (cluster=local); with cluster=tf_config, start a dispatcher and data workers, then: set "
+     "data.service.address=grpc://host:port (docs/data_in_files.md)"),
     (["strategy=parameter_server", "trainer.jit_compile=true"], "XLA cannot compile a step whose variables live "
      "on ps tasks"),
     (["strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.jit_compile=true"],

@@ -12,6 +12,10 @@ RESTARTS_CLUSTER = "DISTRAIN_RESTARTS_CLUSTER"
 POSITION = "DISTRAIN_POSITION"  # the file where a task keeps the global step its training reached (stacks.py)
 VERDICT = "DISTRAIN_VERDICT"  # the file where a pruned search's launcher writes the last epoch it let go on (trial.py)
 STACKS = "DISTRAIN_STACKS"  # the file where a task dumps its Python stacks on SIGUSR1 (stacks.py)
+# The tf.data service a run's local cluster runs (data.service.workers): its dispatcher, for the trainers;
+# and, for each of its own tasks, which it is ({"type", "index", "address", "dispatcher"}: data_service.py)
+DATA_SERVICE = "DISTRAIN_DATA_SERVICE"
+SERVICE_TASK = "DISTRAIN_SERVICE_TASK"
 ONEDNN_WHY = "DISTRAIN_ONEDNN_WHY"  # why the launcher chose the CPU kernels, for the task's announcement
 
 READY = "ready at"

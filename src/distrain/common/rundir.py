@@ -10,6 +10,7 @@
     data.json       data in files: the files, their examples and classes (the launcher)
     job.json        a clustered evaluate's or predict's parts, in its directory (the command)
     logs/           a log per task
+    data_service/   the tf.data service's dispatcher's journal (data.service.workers)   (the dispatcher)
     checkpoints/    or trainer.checkpoint_dir                   (the chief)
     saved_model/    and class_names.txt in it, where the data named its classes (the chief)
     tensorboard/
@@ -72,6 +73,7 @@ class RunDir:
     logs = property(lambda self: self.path / "logs")  # a log per task, and the fork server's
     saved_model = property(lambda self: self.path / "saved_model")
     tensorboard = property(lambda self: self.path / "tensorboard")  # the HParams session; train/: the scalars
+    data_service = property(lambda self: self.path / "data_service")  # the dispatcher's state, for its restarts
 
     def log(self, name: str) -> Path:
         """A task's log (train, worker-0, ...), or the fork server's."""

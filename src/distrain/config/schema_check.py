@@ -86,12 +86,22 @@ def explain(exc: OmegaConfBaseException, group: str = "") -> str:
 def _close_key(group: str, node: DictConfig, name: str) -> str:
     """`group.key=example` for a schema key of the group's node close to `name` (a typo), else ""."""
     try:
-        schema = _schema_of(group, node) if group in SCHEMAS else None
+        schema = _schema_of(group, node) if group in SCHEMAS else _nested_schema(group)
     except ConfigError:
         return ""
     fields = [f.name for f in dataclasses.fields(schema)] if schema else []
     close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
     return f"{group}.{close[0]}={_example(schema, close[0])}" if close else ""
+
+
+def _nested_schema(path: str):
+    """The schema of a group's nested node (`data.service`), else None."""
+    group, _, name = path.partition(".")
+    for schema in [*SCHEMAS.get(group, {}).values(), OWN.get(group)]:
+        meta = {f.name: f for f in dataclasses.fields(schema)}.get(name) if schema else None
+        if meta and dataclasses.is_dataclass(meta.type):
+            return meta.type
+    return None
 
 
 def _deeper_key(parent: str, name: str) -> str:
@@ -191,16 +201,23 @@ def check(cfg: DictConfig) -> DictConfig:
             node = OmegaConf.merge(OmegaConf.structured(schema), node)
         except OmegaConfBaseException as exc:
             raise ConfigError(explain(exc, group)) from None
-        for f in dataclasses.fields(schema):
-            value, rule = node[f.name], f.metadata.get("check")
-            if rule and value is not None and not rule.ok(value):
-                raise ConfigError(f"{group}.{f.name}={shown(value)} {rule.says}: "
-                                  f"set e.g. {group}.{f.name}={_example(schema, f.name)}")
+        _check_ranges(schema, node, group)
         checked[group] = {**OmegaConf.to_container(node, enum_to_str=True), **arguments}
     for group, (example, _) in ENTRIES.items():
         checked[group] = check_entries(group, plain.get(group), example)
     checked["logger"] = check_loggers(plain.get("logger"))
     return OmegaConf.create(checked)
+
+
+def _check_ranges(schema, node, where: str) -> None:
+    """Each value of the node within its key's range, in the node's nested nodes too (data.service)."""
+    for f in dataclasses.fields(schema):
+        value, rule = node[f.name], f.metadata.get("check")
+        if dataclasses.is_dataclass(f.type):
+            _check_ranges(f.type, value, f"{where}.{f.name}")
+        elif rule and value is not None and not rule.ok(value):
+            raise ConfigError(f"{where}.{f.name}={shown(value)} {rule.says}: "
+                              f"set e.g. {where}.{f.name}={_example(schema, f.name)}")
 
 
 def check_loggers(node) -> dict:
@@ -245,7 +262,12 @@ def check_entries(group: str, node, example: str) -> dict:
 def describe(cfg: DictConfig) -> str:
     """Every key of the composed config: its value, type and meaning (for --help)."""
     def line(schema, name: str, value, indent: str) -> str:
-        doc = {f.name: f for f in dataclasses.fields(schema)}[name].metadata.get("doc", "")
+        meta = {f.name: f for f in dataclasses.fields(schema)}[name]
+        doc = meta.metadata.get("doc", "")
+        if dataclasses.is_dataclass(meta.type):  # a nested node (data.service): its own keys, indented
+            value = value or {}
+            return "\n".join([f"{indent}{name}:  ({doc})"] + [line(meta.type, f.name, value.get(f.name), indent + "  ")
+                                                              for f in dataclasses.fields(meta.type)])
         return f"{indent}{name}: {shown(value) if value is not None else 'null'}  ({_kind(schema, name)}) {doc}"
 
     lines = []

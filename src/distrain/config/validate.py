@@ -56,6 +56,7 @@ def validate(cfg: DictConfig, model_code: bool = True) -> DictConfig:
     check_trainer(cfg)
     topology = Topology.of(cfg)
     check_devices(cfg.strategy, cfg.trainer.jit_compile, topology.parameter_servers)
+    check_service(cfg)
     if cfg.cluster.name == "local":
         check_local_cluster(cfg, topology)
     if not cfg.trainer.resume:  # (a run resumed at another size splits its global batch unevenly where need be)
@@ -168,11 +169,27 @@ def check_local_cluster(cfg, topology: Topology) -> None:
         if c.min_workers > c.workers:
             raise ConfigError(f"cluster.min_workers={c.min_workers} is above cluster.workers={c.workers}: set it "
                               f"from 1 to {c.workers}")
-    tasks = topology.workers + topology.ps
+    served = cfg.data.service.workers + 1 if cfg.data.get("service") and cfg.data.service.workers else 0
+    tasks = topology.workers + topology.ps + served
     if tasks > schema.MAX_PER_CORE * schema.CORES:
-        raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps} is {tasks} tasks, more than "
+        service = f" and data.service.workers={served - 1}" if served else ""
+        raise ConfigError(f"cluster.workers={c.workers} with cluster.ps={c.ps}{service} is {tasks} tasks, more than "
                           f"{schema.MAX_PER_CORE} per core on this machine's {schema.CORES} cores: "
                           f"set fewer, e.g. cluster.workers={schema.CORES}")
+
+
+def check_service(cfg) -> None:
+    """The tf.data service: started here (data.service.workers, on a local cluster), or named."""
+    service = cfg.data.get("service")
+    if not service or not service.workers:
+        return
+    if service.address:
+        raise ConfigError(f"data.service.workers={service.workers} starts a service and data.service.address names "
+                          "one that runs: set one of them")
+    if cfg.cluster.name != "local":
+        raise ConfigError(f"data.service.workers={service.workers} starts the service's tasks on this machine "
+                          f"(cluster=local); with cluster={cfg.cluster.name}, start a dispatcher and data workers, "
+                          "then: set data.service.address=grpc://host:port (docs/data_in_files.md)")
 
 
 # /cpu:0, /GPU:1, /device:GPU:1, /job:localhost/replica:0/task:0/device:CPU:0: the names TensorFlow reads.

@@ -6,13 +6,15 @@ one task of a cluster spread over machines (`run_this_task`).
 
 Runs in the launcher's process (or evaluate's and predict's command); imports no TensorFlow.
 """
+import json
 import logging
+import shutil
 
 import portpicker
 
 from distrain.common import cluster as cluster_lib
 from distrain.common.errors import ConfigError, fail, print_error
-from distrain.common.messages import RESTARTS_CLUSTER, error_line
+from distrain.common.messages import DATA_SERVICE, RESTARTS_CLUSTER, SERVICE_TASK, error_line
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
 from distrain.config import schema
@@ -51,9 +53,13 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     c, strategy = cfg.cluster, cfg.strategy.name
     per_worker = int(cluster_lib.thread_caps("worker", c.workers, c.threads_per_worker,
                                              len(share) if share else None)["TF_NUM_INTRAOP_THREADS"])
-    synchronous = Topology.of(cfg).synchronous and not independent_workers
+    topology = Topology.of(cfg)
+    synchronous = topology.synchronous and topology.clustered and not independent_workers
     restarts = Restarts(c.max_restarts, c.restart_window, workers=c.workers if synchronous else 0,
-                        min_workers=c.get("min_workers"), batch=schema.update_batch(cfg.trainer))
+                        min_workers=c.get("min_workers"), batch=schema.update_batch(cfg.trainer),
+                        whole=topology.clustered)  # (a lone trainer is never restarted; its data service is)
+    if service_workers(cfg) and not independent_workers:  # a dispatcher's journal is its run's alone
+        shutil.rmtree(run.data_service, ignore_errors=True)
     peaks = {}
     net = network(cfg)
     with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers and not share else 0) as cores:
@@ -78,7 +84,7 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
                 task.restarts = restarts.per_task[task.name]
                 # A task that loses a peer says so as news, not as an error, when the launcher restarts the cluster.
                 task.env[RESTARTS_CLUSTER] = str(int(restarts.may_restart_cluster() or restarts.may_shrink()))
-            log.info("local cluster (%s): %s", where, ", ".join(f"{t.name}={t.task.address}" for t in tasks))
+            log.info("local cluster (%s): %s", where, ", ".join(f"{t.name}={t.task.address}" for t in tasks if t.task))
 
             def write_cluster_json(status: str, spec=spec, tasks=tasks):  # (this attempt's)
                 run.write_cluster({"strategy": strategy, "network": where, "status": status, "cluster": spec,
@@ -105,13 +111,18 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
     stays)."""
     c, topology = cfg.cluster, Topology.of(cfg)
     pin, cores = bool(share) or c.pin_workers, sorted(share) if share else cores
-    spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps)
+    spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps) if topology.clustered else {}
+    served, service = service_tasks(cfg, argv, net, forks) if not independent_workers else ({}, [])
+    reads = {DATA_SERVICE: served["dispatcher"][0]} if served else {}  # (the trainers': where the service is)
     tasks = []
+    if not topology.clustered:  # one training process, beside its data service
+        caps = cluster_lib.thread_caps("worker", 1, cores=len(share)) if share else {}
+        tasks.append(TaskProcess("train", net.wrap(argv), {**caps, **reads}, cores=share, forks=forks))
     for task_type, addresses in spec.items():
         for index, address in enumerate(addresses):
             task = cluster_lib.Task(task_type, index, address)
             # The chief coordinates parameter servers and needs few threads; workers share the cores.
-            env = {**cluster_lib.task_env(spec, task),
+            env = {**cluster_lib.task_env(spec, task), **reads,
                    **cluster_lib.thread_caps(task_type, c.workers, per_worker if pin else c.threads_per_worker)}
             serves = topology.parameter_servers and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if pin and task_type == "worker" else \
@@ -126,6 +137,30 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
         env = {**cluster_lib.task_env({**spec, "evaluator": [task.address]}, task),
                **cluster_lib.thread_caps("evaluator", c.workers)}
         tasks.append(TaskProcess(task.name, net.wrap(argv), env, essential=False, task=task, forks=forks))
+    return {**spec, **served}, tasks + service
+
+
+def service_workers(cfg) -> int:
+    """The data workers of the run's tf.data service that the launcher starts (data.service.workers)."""
+    return (cfg.data.get("service") or {}).get("workers") or 0
+
+
+def service_tasks(cfg, argv: list, net, forks) -> tuple[dict, list]:
+    """The tf.data service's tasks (data.service.workers, else none): a dispatcher, which keeps its
+    journal in the run directory, and the data workers; each restarted alone, on its own address, while
+    the trainers go on. ({"dispatcher": [address], "data_worker": [...]}, their TaskProcesses)."""
+    workers = service_workers(cfg)
+    if not workers:
+        return {}, []
+    spec = {"dispatcher": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
+            "data_worker": [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(workers)]}
+    tasks = []
+    for task_type, addresses in spec.items():
+        for index, address in enumerate(addresses):
+            task = cluster_lib.Task(task_type, index, address)
+            said = {"type": task_type, "index": index, "address": address, "dispatcher": spec["dispatcher"][0]}
+            tasks.append(TaskProcess(task.name, net.wrap(argv), {SERVICE_TASK: json.dumps(said)}, main=False,
+                                     alone=True, task=task, forks=forks))
     return spec, tasks
 
 

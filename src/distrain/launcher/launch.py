@@ -74,12 +74,13 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     # (read by TensorFlow as each task starts; the trial's, by the chief at each epoch's end)
     with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir() as scratch, \
             environment(_followed(job, run, cfg, spec, task, Path(scratch))), _share(job, spec) as cores:
-        if not topology.clustered:  # (forked from this process's server: the next run starts sooner)
+        if not topology.clustered and not (cluster_tasks.service_workers(cfg) and topology.local):
+            # (forked from this process's server: the next run starts sooner)
             forks = forkserver.shared(run.log("forkserver"))
             outcome = run_tasks([TaskProcess("train", argv, cluster_lib.thread_caps("worker", 1, cores=len(cores))
                                              if cores else {}, cores=cores, forks=forks)], run, job=job,
                                 stop=_stop(job, tracked))
-        elif topology.local:
+        elif topology.local:  # (and a lone trainer beside its data service)
             outcome = cluster_tasks.run_local(cfg, run, argv, job, evaluator=cfg.cluster.evaluator, share=cores,
                                               restarted=lambda cfg, restarts: _resuming(cfg, run, restarts.workers),
                                               stop=_stop(job, tracked))

@@ -85,8 +85,9 @@ class Restarts:
     CLUSTER = "the cluster"
 
     def __init__(self, limit: int, window: float = 0.0, clock=time.time, workers: int = 0,
-                 min_workers: int | None = None, batch: int = 0):
+                 min_workers: int | None = None, batch: int = 0, whole: bool = True):
         self.limit, self.window, self.clock, self.done = limit, window, clock, []
+        self.whole = whole  # False: only tasks restarted alone are (one training process, its data service)
         self.per_task = Counter()  # times each task was started again
         # A synchronous cluster's size now, the fewest it may go on with, and the global batch it keeps
         self.workers, self.min_workers, self.batch, self.configured = workers, min_workers, batch, workers
@@ -138,7 +139,7 @@ class Restarts:
 
     def may_restart(self, task) -> bool:
         """Whether the budget `task` draws on allows another restart."""
-        return len(self._counted(task)) < self.limit
+        return (task.alone or self.whole) and len(self._counted(task)) < self.limit
 
     def gone(self) -> list[str]:
         """The workers that left the run since the cluster last started (a restart of it brings all back)."""
@@ -147,7 +148,7 @@ class Restarts:
 
     def may_restart_cluster(self) -> bool:
         """Whether a lost essential task would restart the cluster (rather than end the run)."""
-        return len(self._within_window(self.CLUSTER)) < self.limit
+        return self.whole and len(self._within_window(self.CLUSTER)) < self.limit
 
     def take(self, task, code: int | None, why: str, what: str, restarted: list, whole: bool = False) -> None:
         """`task` exited with `code` (None: it hung), as `why` says: the `restarted` tasks start again

@@ -29,6 +29,9 @@ from distrain.report.results import seconds_since_start
 log = logging.getLogger("distrain")
 
 STOP_GRACE_SECONDS = 10
+# What a data worker's restart costs the run (TensorFlow's guarantee under dynamic sharding: at most once)
+LOST_SPLITS = {"data_worker": "; the trainers go on, and under data.service.sharding=dynamic the examples of the "
+                              "split it was reading are skipped this pass"}
 SETTLE_SECONDS = 0.5  # for the end of a task that took another down to be heard of (_ended)
 
 
@@ -325,7 +328,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
             why = task.memory.why_ended(task.name, code)
         seen.add(task.name)
         changed("running")
-        others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None]
+        others = [t for t in tasks if t.alone and t is not task and t.proc.poll() is None
+                  and same_kind(t.task, task.task and task.task.type)]
         gone = restarts.gone() if restarts else []
         action = decide(code, alone=task.alone, essential=task.essential,
                         may_restart=bool(restarts and restarts.may_restart(task)), others_running=bool(others),
@@ -335,7 +339,8 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
             why += (f" ({', '.join(gone)} left the run, and TensorFlow's coordinator takes a worker back only once "
                     "every worker answers)")
         if action == RESTART_IT:
-            restarts.take(task, code, why, "it on its own address", [task])
+            restarts.take(task, code, why, "it on its own address" + LOST_SPLITS.get(task.task and task.task.type, ""),
+                          [task])
             task.restarts = restarts.per_task[task.name]
             task.start(run, task.prefix)
             seen.discard(task.name)
@@ -357,6 +362,11 @@ def _ended(tasks: list, seen: set, run: RunDir, restarts: Restarts | None, chang
         elif code:
             log.warning("%s: the run goes on without it", why)
     return None
+
+
+def same_kind(task: Task | None, task_type: str | None) -> bool:
+    """Whether a task is of this type (a parameter-server worker, a data worker)."""
+    return (task.type if task else None) == task_type
 
 
 def _grown(tasks: list, restarts: Restarts | None) -> Outcome | None:
@@ -416,7 +426,7 @@ def stop_all(tasks: list) -> None:
     workers is left cannot finish its step (its functions wait for a worker): SIGKILL at once, as the
     grace period would end."""
     deadline = time.monotonic() + STOP_GRACE_SECONDS
-    workers = [t for t in tasks if t.alone]
+    workers = [t for t in tasks if t.alone and same_kind(t.task, "worker")]
     stranded = bool(workers) and all(t.proc is None or t.proc.poll() is not None for t in workers)
     for group in ([t for t in tasks if t.main], [t for t in tasks if not t.main]):
         for task in group:

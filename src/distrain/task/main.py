@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from distrain.common import cluster as cluster_lib
 from distrain.common.errors import FINAL, PeerLost, fail, print_error
 from distrain.common.lifetime import die_with_parent
-from distrain.common.messages import RESTARTS_CLUSTER, say_ready
+from distrain.common.messages import DATA_SERVICE, RESTARTS_CLUSTER, SERVICE_TASK, say_ready
 from distrain.common.rundir import RunDir
 from distrain.common.stacks import answer_stack_requests
 from distrain.common.topology import Topology
@@ -36,6 +36,10 @@ def main(argv=None) -> int:
     cfg = OmegaConf.load(config_path)
     run = RunDir(config_path.parent, cfg)
     job = run.read_job()  # evaluate's or predict's parts for this task to compute, else None (a training)
+    if os.environ.get(SERVICE_TASK):  # a dispatcher or data worker of the run's tf.data service
+        from distrain.task.data_service import serve_data, service_task
+
+        return serve_data(service_task(), run)
     try:
         context = RunContext.of(run, cfg, *_place_in_cluster(cfg))
         what = role(context, job)
@@ -117,8 +121,8 @@ def train_here(cfg, context: RunContext) -> dict:
         cluster_lib.wait_for_peers(cluster_lib.peers(context.cluster, context.task))
     strategy = strategy_of(cfg, context, cfg.cluster.peer_timeout if context.task else None)
     context.know_strategy(strategy)
-    if context.task:
-        say_ready(context.task)
+    if context.task or os.environ.get(DATA_SERVICE):  # (a lone trainer beside its data service: up too)
+        say_ready(context.task or cluster_lib.Task("train", 0, "this machine"))
     Preemption.watch(strategy if context.topology.clustered and context.topology.synchronous else None)
     try:
         found, _ = train(cfg, context.run.path, strategy, context)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import tensorflow as tf
 import tf_keras as keras
+from omegaconf import OmegaConf
 
 from distrain.common import private, storage
 from distrain.common.errors import ConfigError, Diverged, first_line
@@ -18,6 +19,7 @@ from distrain.config.validate import instantiate_as
 from distrain.data import arrays
 from distrain.report import results
 from distrain.report.timesplit import PARTS, probe_seconds, read_alone
+from distrain.task import data_service
 from distrain.task.checkpoints import Checkpoints, Progress, joined, resized_line, resume, segments
 from distrain.task.context import RunContext
 from distrain.task.input_data import TrainingData, load_data
@@ -85,8 +87,9 @@ def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities
     evaluated, and the SavedModel written by the chief."""
     t, chief = cfg.trainer, context.chief
     timed = chief and t.time_split
-    rate, cpu_per_example = read_alone(data.reader(cfg)(), probe_seconds(sum(progress.epoch_seconds))) \
-        if timed else (None, None)
+    # (through the data service, a job of its own: what it delivers)
+    rate, cpu_per_example = read_alone(served(data.reader(cfg), cfg, context, -1, 1, say=False)(),
+                                       probe_seconds(sum(progress.epoch_seconds))) if timed else (None, None)
     trained, optimizer = runner.finish(model, rebuild)
     if trained is not model or not compiled:  # (else compiled so already: its test function traced once)
         compile_model(trained, optimizer, cfg, probabilities)  # for evaluate()
@@ -97,6 +100,8 @@ def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities
         save_model(saved[0], context.run.saved_model, data.class_names, include_optimizer=plain_keras(saved[1]),
                    pixels=data.shape if data.pixels else None)
     facts = runner.describe(t.batch_size) | {"input_examples_per_sec": rate, "input_cpu_per_example": cpu_per_example}
+    if data_service.address(cfg.data):  # (its examples/s: input_examples_per_sec, read through it)
+        facts["data_service"] = {**OmegaConf.to_container(cfg.data.service), "address": data_service.address(cfg.data)}
     return trained, test, facts
 
 
@@ -129,10 +134,11 @@ def make_runner(strategy, context: RunContext, cfg, data: TrainingData, model, o
                                    t.accumulate_steps, t.batch_size)
     topology = context.topology
     if topology.parameter_servers:
-        runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg), model, optimizer,
+        runner = AsyncEpochs(strategy, train_steps, per_worker_dataset(strategy, context, data, cfg, skip), model,
+                             optimizer,
                              tally, data.steps, t.steps_per_execution, topology.workers, topology.ps)
     else:
-        train = data.reader(cfg, skip=skip)
+        train = served(data.reader(cfg, skip=skip), cfg, context, skip, topology.workers)
         said = train.sharding_line(topology.workers) if topology.workers > 1 and context.chief else ""
         if said:
             print(said, flush=True)
@@ -143,9 +149,28 @@ def make_runner(strategy, context: RunContext, cfg, data: TrainingData, model, o
     return runner
 
 
-def per_worker_dataset(strategy, context: RunContext, data: TrainingData, cfg):
+def served(reader, cfg, context: RunContext, skip: int, pipelines: int, say: bool = True):
+    """The training reader, through the tf.data service where the run has one (data.service: each of
+    `pipelines` input pipelines reads its batches from the data workers), said once by the chief."""
+    where = data_service.address(cfg.data)
+    if not where:
+        return reader
+    if say and context.chief and cfg.trainer.verbose:
+        s = cfg.data.service
+        print(f"input: the tf.data service at {where}{f' ({s.workers} data workers)' if s.workers else ''}, "
+              f"sharding {s.sharding}: " + ("each example at most once a pass across the trainers" if
+                                             s.sharding == "dynamic" else "each trainer reads every example a pass"),
+              flush=True)
+    return reader.serve(where, context.run, skip, pipelines)
+
+
+def per_worker_dataset(strategy, context: RunContext, data: TrainingData, cfg, skip: int = 0):
     """Parameter servers: each worker reads its own shard of the training set, shuffled and repeated,
-    from files where the data is in files (on a local cluster, other data is written to files once)."""
+    from files where the data is in files (on a local cluster, other data is written to files once); or
+    its batches from the tf.data service (data.service)."""
+    if data_service.address(cfg.data):
+        train = served(data.reader(cfg, topology=context.topology), cfg, context, skip, 0)
+        return lambda: strategy.distribute_datasets_from_function(train)
     if data.streamed:  # each worker streams its own files, on its own machine
         train = data.reader(cfg, topology=context.topology)
         print(train.sharding_line(context.topology.workers), flush=True)

@@ -1,7 +1,8 @@
 """What a run learns: the model, data, optimizer, schedule and loss groups' keys, each option a class
 (`_target_`) or a source of data; the user's own options (Builder, Loader, Own*) take any class."""
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, List, Optional
 
 from .keys import FINITE_POSITIVE, FRACTION, NOT_NEGATIVE, POSITIVE, TARGET, Check, DataSource, key, one_of
@@ -247,6 +248,26 @@ SHUFFLE_BUFFER = key(10000, "examples in the shuffle buffer (0: no shuffling, th
                      "epoch, as fit(shuffle=False))", NOT_NEGATIVE)
 
 
+
+@dataclass
+class DataService:
+    """The tf.data service: a dispatcher and data workers run the training split's input pipeline and
+    stream its batches to the trainers (docs/data_in_files.md)."""
+    workers: int = key(0, "data workers the run starts on this machine as tasks of its own, with a dispatcher "
+                       "(cluster=local; 0: the input pipeline runs in each trainer)", NOT_NEGATIVE, example=2)
+    sharding: str = key("dynamic", "dynamic: the service hands out the data's splits as its workers ask, each "
+                        "example at most once a pass across all trainers; off: each trainer reads every example "
+                        "each pass", one_of("dynamic", "off"))
+    address: Optional[str] = key(None, "grpc://host:port of a dispatcher that already runs, instead of one the run "
+                                 "starts", Check(lambda v: bool(re.fullmatch(r"(grpc://)?[^:/\s]+:\d{1,5}", v)),
+                                                 "must be grpc://host:port"), example="grpc://10.0.0.5:5050")
+
+
+def service_key():
+    return field(default_factory=DataService, metadata={"doc": "the tf.data service: its keys below", "check": None,
+                                                        "example": None})
+
+
 @dataclass
 class Data:
     _target_: Optional[str] = key(None, "a loader of your own instead (module.function, see data=npz too): called "
@@ -263,6 +284,7 @@ class Data:
     num_classes: Optional[int] = NUM_CLASSES
     validation_split: float = VALIDATION_SPLIT
     class_names: Optional[List[str]] = CLASS_NAMES
+    service: DataService = service_key()
 
 
 @dataclass
@@ -337,5 +359,6 @@ class Loader:
                                   example="mydata.load")
     source: str = key("loader", "loader", one_of("loader"))
     shuffle_buffer: int = SHUFFLE_BUFFER
+    service: DataService = service_key()
     num_classes: Optional[int] = NUM_CLASSES
     validation_split: float = VALIDATION_SPLIT
