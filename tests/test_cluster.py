@@ -55,6 +55,38 @@ def test_bad_tf_config_is_one_clear_line(text, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+SERVED = {"worker": ["127.0.0.1:2221", "127.0.0.1:2222"], "dispatcher": ["127.0.0.1:2230"],
+          "data_worker": ["127.0.0.1:2231", "127.0.0.1:2232"]}
+
+
+def test_the_tf_data_service_s_tasks_are_the_cluster_s_but_never_in_tensorflow_s_spec():
+    spec, task = cluster.from_tf_config(json.dumps({"cluster": SERVED, "task": {"type": "worker", "index": 1}}),
+                                        "multi_worker_mirrored")
+    assert spec == SERVED and Topology.of(make_cfg("strategy=multi_worker_mirrored"), spec).workers == 2
+    env = cluster.task_env(spec, task)  # a trainer: TensorFlow's cluster, and where the dispatcher is
+    assert json.loads(env["TF_CONFIG"])["cluster"] == {"worker": SERVED["worker"]}
+    assert env["DISTRAIN_DATA_SERVICE"] == "127.0.0.1:2230"
+    as_data_worker = json.dumps({"cluster": SERVED, "task": {"type": "data_worker", "index": 1}})
+    _, data_worker = cluster.from_tf_config(as_data_worker, "multi_worker_mirrored")
+    env = cluster.task_env(spec, data_worker)  # a data worker: no TF_CONFIG, its part in the service
+    assert "TF_CONFIG" not in env and json.loads(env["DISTRAIN_SERVICE_TASK"]) == {
+        "type": "data_worker", "index": 1, "address": "127.0.0.1:2232", "dispatcher": "127.0.0.1:2230",
+        "chief": "127.0.0.1:2221"}
+    assert "DISTRAIN_DATA_SERVICE" not in cluster.task_env({"worker": SERVED["worker"]}, task)  # (control: none)
+    assert cluster.peers(spec, task) == {"worker-0": "127.0.0.1:2221"}  # (TensorFlow's peers alone)
+    manual = make_cfg("strategy=multi_worker_mirrored", "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2221,"
+                      "127.0.0.1:2222]", "cluster.dispatcher_host=127.0.0.1:2230", "cluster.data_worker_hosts="
+                      "[127.0.0.1:2231,127.0.0.1:2232]", "cluster.task_type=dispatcher")
+    assert cluster.from_manual(validate(manual).cluster, "multi_worker_mirrored") == \
+        (SERVED, cluster.Task("dispatcher", 0, "127.0.0.1:2230"))
+    for spec, says in (({**SERVED, "dispatcher": []}, "has 0 dispatcher(s) and 2 data_worker(s)"),
+                       ({**SERVED, "data_worker": []}, "has 1 dispatcher(s) and 0 data_worker(s)"),
+                       ({**SERVED, "dispatcher": ["a:1", "b:2"]}, "has 2 dispatcher(s)"),
+                       ({**SERVED, "dispatcher": SERVED["worker"][:1]}, "is given to two tasks")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            cluster.check_spec(spec, "multi_worker_mirrored")
+
+
 def test_multi_worker_mirrored_takes_no_ps():
     with pytest.raises(ConfigError, match="takes no ps tasks"):
         cluster.check_spec(SPEC, "multi_worker_mirrored")
@@ -95,6 +127,15 @@ def test_slurm_ranks_become_chief_ps_and_workers_on_ports_per_node():
     spec, task = cluster.from_slurm(mwm, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=4, per_node="2(x2)"))
     assert spec == {"worker": ["n1:23456", "n1:23457", "n2:23456", "n2:23457"]} and task.name == "worker-0"
     assert cluster.slurm_counts("2(x3),1") == [2, 2, 2, 1]
+    served = validate(make_cfg("strategy=multi_worker_mirrored", "cluster=slurm", "data.service.workers=2")).cluster
+    spec, task = cluster.from_slurm(served, "multi_worker_mirrored", slurm_env(4, "n2", 1), service=2)
+    assert spec == {"worker": ["n1:23456", "n1:23457"], "dispatcher": ["n1:23458"],
+                    "data_worker": ["n2:23456", "n2:23457"]} and task == cluster.Task("data_worker", 1, "n2:23457")
+    assert cluster.slurm_tasks(served, "multi_worker_mirrored", 2) == 4  # (the fewest: a worker and the service)
+    with pytest.raises(ConfigError, match=re.escape("a worker and 3 tasks of the tf.data service make 4 Slurm tasks; "
+                                                    "this step has 3: srun -n 4 or more")):
+        cluster.from_slurm(served, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=3, per_node="3", nodes="n1"),
+                           service=2)
 
 
 def test_slurm_gpus_are_shared_out_among_a_nodes_tasks():

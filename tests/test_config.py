@@ -56,8 +56,8 @@ def test_strategy_group_has_the_contracted_names():
     (["data.service.workers=2", "data.service.address=h:1"], "data.service.workers=2 starts a service and "
      "data.service.address names one that runs: set one of them"),
     (["data.service.workers=2", "cluster=tf_config"], "data.service.workers=2 starts the service's tasks on this "
-     "machine (cluster=local); with cluster=tf_config, start a dispatcher and data workers, then: set "
-     "data.service.address=grpc://host:port (docs/data_in_files.md)"),
+     "machine (cluster=local); with cluster=tf_config, list dispatcher and data_worker tasks in the cluster, or "
+     "start them: set data.service.address=grpc://host:port (docs/data_in_files.md)"),
     (["strategy=parameter_server", "trainer.jit_compile=true"], "XLA cannot compile a step whose variables live "
      "on ps tasks"),
     (["strategy=mirrored", "strategy.cpu_virtual_devices=2", "trainer.jit_compile=true"],

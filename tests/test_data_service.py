@@ -4,6 +4,8 @@ tasks, supervised as the others: every strategy that reads it, a data worker and
 a service that does not answer."""
 import contextlib
 import json
+import os
+import signal
 
 import pytest
 
@@ -173,4 +175,41 @@ def test_a_resumed_run_goes_on_with_the_epoch_it_stopped_in_through_a_new_stream
     assert f"resumed from global step {stopped} (epoch 2, step {stopped - 62} of 62)" in done.stdout
     results = results_of(run_dir)
     assert results["resumed_from_step"] == stopped and results["global_steps"] == 3 * 62
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_tf_config_cluster_lists_the_service_s_tasks_beside_its_trainers(tmp_path):
+    """As Kubernetes would start them: the same command on every task, TF_CONFIG naming a dispatcher and a
+    data worker beside two workers; the service serves until stopped, as ps tasks do."""
+    import portpicker
+
+    spec = {"worker": [], "dispatcher": [], "data_worker": []}
+    for task_type, count in (("worker", 2), ("dispatcher", 1), ("data_worker", 1)):
+        spec[task_type] = [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(count)]
+    procs = {}
+    for task_type, addresses in reversed(spec.items()):  # (the service first, as an orchestrator may not)
+        for index in range(len(addresses)):
+            place = {"cluster": spec, "task": {"type": task_type, "index": index}}
+            env = {**os.environ, "TF_CONFIG": json.dumps(place)}
+            procs[f"{task_type}-{index}"] = start(tmp_path / f"{task_type}-{index}", "strategy=multi_worker_mirrored",
+                                                  "cluster=tf_config", "trainer.epochs=2", "trainer.save_model=false",
+                                                  env=env)
+    service = [procs.pop("dispatcher-0"), procs.pop("data_worker-0")]
+    try:
+        outs = {name: finish(proc) for name, proc in procs.items()}
+        for name, proc in procs.items():
+            assert proc.returncode == 0, outs[name][-4000:]
+        assert f"input: the tf.data service at grpc://{spec['dispatcher'][0]}" in outs["worker-0"]
+        assert results_of(tmp_path / "worker-0")["data_service"]["address"] == f"grpc://{spec['dispatcher'][0]}"
+        for proc in service:
+            assert proc.poll() is None  # serving until stopped
+            proc.send_signal(signal.SIGINT)  # Ctrl-C in its terminal
+            assert proc.wait(timeout=30) == 130
+    finally:
+        for proc in service:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    assert "task data_worker:0 ready at" in (tmp_path / "data_worker-0" / "logs" / "data_worker-0.log").read_text()
     assert_nothing_left(tmp_path)

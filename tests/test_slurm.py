@@ -205,3 +205,17 @@ def test_a_run_resumes_on_the_slurm_tasks_it_has(tmp_path):
                                      {"from_step": 32, "workers": 1, "replicas": 1}]
     assert results["global_steps"] == 64 and len(results["history"]["loss"]) == 2
     assert_nothing_left(tmp_path)
+
+
+def test_a_slurm_step_s_last_ranks_run_the_tf_data_service_and_end_with_the_chief(tmp_path):
+    """srun -n 4 with data.service.workers=1: 2 workers, then a dispatcher and a data worker, which end once
+    the chief is gone (a job step ends only when every task has)."""
+    out = srun(tmp_path, 4, "strategy=multi_worker_mirrored", "cluster=slurm", "data.service.workers=1", *QUICK)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["num_workers"] == 2 and results["data_service"]["address"].startswith("grpc://")
+    assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == [
+        "data_worker-0.log", "dispatcher-0.log", "worker-0.log", "worker-1.log"]
+    assert out.stdout.count("the chief is gone, so this task ends") == 2, out.stdout[-3000:]
+    assert_nothing_left(tmp_path)

@@ -21,9 +21,13 @@ from pathlib import Path
 import portpicker
 
 from distrain.common.errors import ConfigError
+from distrain.common.messages import DATA_SERVICE, SERVICE_TASK
 from distrain.common.topology import MWMS, PS
 
-TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+# The tf.data service's tasks (data.service), which a spec may hold beside TensorFlow's own; never in a
+# task's TF_CONFIG (TensorFlow's strategies take no other job), they learn their part from SERVICE_TASK.
+SERVICE_TYPES = ("dispatcher", "data_worker")
+TASK_TYPES = ("chief", "worker", "ps", "evaluator", *SERVICE_TYPES)
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,20 @@ def check_spec(spec: dict, strategy: str) -> dict:
     elif strategy == MWMS and spec.get("ps"):
         raise ConfigError("strategy=multi_worker_mirrored takes no ps tasks: "
                           "drop them or use strategy=parameter_server")
-    all_addresses = [a for t in ("chief", "worker", "ps", "evaluator") for a in spec.get(t, [])]
+    check_service_spec(spec)
+    all_addresses = [a for t in TASK_TYPES for a in spec.get(t, [])]
     duplicates = {a for a in all_addresses if all_addresses.count(a) > 1}
     if duplicates:
         raise ConfigError(f"address {sorted(duplicates)[0]} is given to two tasks: give each task its own port")
     return spec
+
+
+def check_service_spec(spec: dict) -> None:
+    """The tf.data service's tasks, where a spec lists them: one dispatcher, and data workers for it."""
+    dispatchers, data_workers = spec.get("dispatcher", []), spec.get("data_worker", [])
+    if (dispatchers or data_workers) and (len(dispatchers) != 1 or not data_workers):
+        raise ConfigError(f"the cluster's tf.data service has {len(dispatchers)} dispatcher(s) and {len(data_workers)} "
+                          "data_worker(s): list one dispatcher address and at least one data_worker address")
 
 
 def check_task(spec: dict, task_type: str, index) -> Task:
@@ -100,19 +113,35 @@ def check_task(spec: dict, task_type: str, index) -> Task:
 
 
 def tf_config(spec: dict, task: Task) -> str:
-    return json.dumps({"cluster": spec, "task": {"type": task.type, "index": task.index}})
+    cluster = {t: addresses for t, addresses in spec.items() if t not in SERVICE_TYPES}
+    return json.dumps({"cluster": cluster, "task": {"type": task.type, "index": task.index}})
 
 
 def task_env(spec: dict, task: Task) -> dict:
     """What a task process needs to know: its place in the cluster, and that a lost peer is an
-    error at once (GRPC_FAIL_FAST) rather than a wait that never ends."""
-    return {"TF_CONFIG": tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller"}
+    error at once (GRPC_FAIL_FAST) rather than a wait that never ends; where the cluster has a tf.data
+    service, where its dispatcher is (a trainer's), or which of its tasks this is."""
+    dispatcher = (spec.get("dispatcher") or [None])[0]
+    if task.type in SERVICE_TYPES:
+        return {SERVICE_TASK: json.dumps({"type": task.type, "index": task.index, "address": task.address,
+                                          "dispatcher": dispatcher, "chief": chief_address(spec)})}
+    return {"TF_CONFIG": tf_config(spec, task), "GRPC_FAIL_FAST": "use_caller",
+            **({DATA_SERVICE: dispatcher} if dispatcher else {})}
 
 
-def this_task(cluster, strategy: str) -> tuple[dict, Task]:
-    """The cluster and this process's task in it, on a cluster spread over machines (cluster.name)."""
+def chief_address(spec: dict) -> str | None:
+    """The address of the cluster's chief (chief_of), if it has one."""
+    name = chief_of(spec)
+    task_type, _, index = name.rpartition("-")
+    addresses = spec.get(task_type) or []
+    return addresses[int(index)] if addresses else None
+
+
+def this_task(cluster, strategy: str, service: int = 0) -> tuple[dict, Task]:
+    """The cluster and this process's task in it, on a cluster spread over machines (cluster.name); on
+    Slurm, with `service` data workers of a tf.data service and their dispatcher."""
     if cluster.name == "slurm":
-        return from_slurm(cluster, strategy)
+        return from_slurm(cluster, strategy, service=service)
     if cluster.name == "manual":
         return from_manual(cluster, strategy)
     return from_tf_config(os.environ.get("TF_CONFIG"), strategy)
@@ -141,6 +170,10 @@ def from_manual(cluster, strategy: str) -> tuple[dict, Task]:
         spec["ps"] = list(cluster.ps_hosts)
     if cluster.chief_host:
         spec["chief"] = [cluster.chief_host]
+    if cluster.get("dispatcher_host"):
+        spec["dispatcher"] = [cluster.dispatcher_host]
+    if cluster.get("data_worker_hosts"):
+        spec["data_worker"] = list(cluster.data_worker_hosts)
     spec = check_spec(spec, strategy)
     if cluster.task_type is None:
         raise ConfigError("cluster=manual needs this task's role: set cluster.task_type=worker|ps|chief "
@@ -148,11 +181,12 @@ def from_manual(cluster, strategy: str) -> tuple[dict, Task]:
     return spec, check_task(spec, cluster.task_type, cluster.task_index)
 
 
-def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, Task]:
+def from_slurm(cluster, strategy: str, env=os.environ, service: int = 0) -> tuple[dict, Task]:
     """The cluster and this task from the variables srun sets, one process per Slurm task. Ranks are
     laid on the nodes in order (Slurm's default block distribution); a task's port is
     cluster.port_base + 100 x (job id mod 200) + its place on its node. Roles go by rank: multi_worker_mirrored, all
-    workers; parameter_server, the chief, then cluster.ps ps tasks, then the workers; an evaluator last."""
+    workers; parameter_server, the chief, then cluster.ps ps tasks, then the workers; an evaluator, then a
+    tf.data service's dispatcher and `service` data workers (data.service.workers) last."""
     if "SLURM_PROCID" not in env or "SLURM_STEP_NODELIST" not in env:
         raise ConfigError("cluster=slurm runs as the tasks of a Slurm job step: start it with srun, e.g. "
                           "srun -n 2 python train.py strategy=multi_worker_mirrored cluster=slurm")
@@ -166,26 +200,30 @@ def from_slurm(cluster, strategy: str, env=os.environ) -> tuple[dict, Task]:
         raise ConfigError(f"Slurm placed task {rank} as {mine}, not in rank order on the nodes: run srun with "
                           "the default block distribution (srun -m block)")
     evaluators = 1 if cluster.evaluator else 0
-    need = slurm_tasks(cluster, strategy)
+    served = ["dispatcher"] + ["data_worker"] * service if service else []
+    need = slurm_tasks(cluster, strategy, service)
     if cluster.workers and ntasks != need:
         raise ConfigError(f"cluster.workers={cluster.workers} makes {need} Slurm tasks with the others, but this "
                           f"step has {ntasks}: srun -n {need}, or drop cluster.workers to use every task")
     if strategy == PS:
         if cluster.ps < 1 or ntasks < need:
-            roles = f"a chief, {max(cluster.ps, 1)} ps, a worker" + (", an evaluator" if evaluators else "")
+            roles = f"a chief, {max(cluster.ps, 1)} ps, a worker" + (", an evaluator" if evaluators else "") + \
+                (f", a dispatcher, {service} data worker(s)" if service else "")
             raise ConfigError(f"strategy=parameter_server with cluster.ps={cluster.ps} needs at least {need} Slurm "
                               f"tasks ({roles}); this step has {ntasks}: set cluster.ps=1 or more, and srun -n "
                               f"{need} or more")
-        roles = ["chief"] + ["ps"] * cluster.ps + ["worker"] * (ntasks - 1 - cluster.ps - evaluators)
+        roles = ["chief"] + ["ps"] * cluster.ps + ["worker"] * (ntasks - 1 - cluster.ps - evaluators - len(served))
     else:
         if cluster.ps:
             raise ConfigError(f"strategy={strategy} takes no ps tasks: drop cluster.ps={cluster.ps} "
                               "or use strategy=parameter_server")
         if ntasks < need:
-            raise ConfigError(f"cluster.evaluator=true needs a Slurm task besides the workers; this step has "
-                              f"{ntasks}: srun -n {need} or more")
-        roles = ["worker"] * (ntasks - evaluators)
-    roles += ["evaluator"] * evaluators
+            besides = " and ".join((["an evaluator (cluster.evaluator=true)"] if evaluators else []) +
+                                   ([f"{len(served)} tasks of the tf.data service"] if served else []))
+            raise ConfigError(f"a worker and {besides} make {need} Slurm tasks; this step has {ntasks}: srun -n "
+                              f"{need} or more")
+        roles = ["worker"] * (ntasks - evaluators - len(served))
+    roles += ["evaluator"] * evaluators + served
     spec = {}
     for role, address in zip(roles, addresses):
         spec.setdefault(role, []).append(address)
@@ -208,11 +246,31 @@ def slurm_gpus(env=os.environ) -> dict:
     return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
-def slurm_tasks(cluster, strategy: str) -> int:
-    """The Slurm tasks a run of cluster=slurm takes, given cluster.workers (else the fewest it can)."""
+def slurm_tasks(cluster, strategy: str, service: int = 0) -> int:
+    """The Slurm tasks a run of cluster=slurm takes, given cluster.workers (else the fewest it can) and the
+    data workers of its tf.data service (with their dispatcher)."""
     workers = cluster.workers or 1
     chief_and_ps = 1 + max(cluster.ps, 1) if strategy == PS else 0
-    return chief_and_ps + workers + (1 if cluster.evaluator else 0)
+    return chief_and_ps + workers + (1 if cluster.evaluator else 0) + (service + 1 if service else 0)
+
+
+def service_workers(cfg) -> int:
+    """The data workers of the run's tf.data service that its command starts (data.service.workers)."""
+    return (cfg.data.get("service") or {}).get("workers") or 0
+
+
+def until_gone(address: str, startup_timeout: float, what: str) -> str:
+    """Waits for the task at `address` (`what`: "the chief") to answer, then for it to be gone: "" then;
+    else, after startup_timeout seconds without an answer, why (one line)."""
+    deadline = time.monotonic() + startup_timeout
+    while silent := unanswered({what: address}):
+        if time.monotonic() > deadline:
+            return (f"{what} never answered within {startup_timeout:g} s (cluster.startup_timeout; {silent[what]}): "
+                    "read its log, or raise cluster.startup_timeout")
+        time.sleep(0.5)
+    while not unanswered({what: address}):
+        time.sleep(2)
+    return ""
 
 
 def slurm_hostnames(nodelist: str) -> list[str]:
@@ -261,7 +319,7 @@ def check_port_free(task: Task) -> None:
 def peers(spec: dict, task: Task) -> dict:
     """The other tasks of the cluster: name -> address."""
     return {f"{t}-{i}": a for t, addresses in spec.items() for i, a in enumerate(addresses)
-            if (t, i) != (task.type, task.index) and t != "evaluator"}  # an evaluator serves nothing
+            if (t, i) != (task.type, task.index) and t not in ("evaluator", *SERVICE_TYPES)}  # (not TensorFlow's)
 
 
 def unanswered(peers: dict, timeout: float = 1.0) -> dict:

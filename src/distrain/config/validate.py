@@ -186,10 +186,12 @@ def check_service(cfg) -> None:
     if service.address:
         raise ConfigError(f"data.service.workers={service.workers} starts a service and data.service.address names "
                           "one that runs: set one of them")
-    if cfg.cluster.name != "local":
+    if cfg.cluster.name not in ("local", "slurm"):  # (Slurm: its last ranks, as it does an evaluator)
+        listed = "cluster.dispatcher_host and cluster.data_worker_hosts" if cfg.cluster.name == "manual" else \
+            "dispatcher and data_worker tasks in the cluster"
         raise ConfigError(f"data.service.workers={service.workers} starts the service's tasks on this machine "
-                          f"(cluster=local); with cluster={cfg.cluster.name}, start a dispatcher and data workers, "
-                          "then: set data.service.address=grpc://host:port (docs/data_in_files.md)")
+                          f"(cluster=local); with cluster={cfg.cluster.name}, list {listed}, or start them: "
+                          "set data.service.address=grpc://host:port (docs/data_in_files.md)")
 
 
 # /cpu:0, /GPU:1, /device:GPU:1, /job:localhost/replica:0/task:0/device:CPU:0: the names TensorFlow reads.

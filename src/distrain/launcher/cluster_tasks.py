@@ -6,7 +6,6 @@ one task of a cluster spread over machines (`run_this_task`).
 
 Runs in the launcher's process (or evaluate's and predict's command); imports no TensorFlow.
 """
-import json
 import logging
 import shutil
 
@@ -14,7 +13,7 @@ import portpicker
 
 from distrain.common import cluster as cluster_lib
 from distrain.common.errors import ConfigError, fail, print_error
-from distrain.common.messages import DATA_SERVICE, RESTARTS_CLUSTER, SERVICE_TASK, error_line
+from distrain.common.messages import DATA_SERVICE, RESTARTS_CLUSTER, error_line
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
 from distrain.config import schema
@@ -58,7 +57,7 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     restarts = Restarts(c.max_restarts, c.restart_window, workers=c.workers if synchronous else 0,
                         min_workers=c.get("min_workers"), batch=schema.update_batch(cfg.trainer),
                         whole=topology.clustered)  # (a lone trainer is never restarted; its data service is)
-    if service_workers(cfg) and not independent_workers:  # a dispatcher's journal is its run's alone
+    if cluster_lib.service_workers(cfg) and not independent_workers:  # a dispatcher's journal is its run's alone
         shutil.rmtree(run.data_service, ignore_errors=True)
     peaks = {}
     net = network(cfg)
@@ -112,17 +111,17 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
     c, topology = cfg.cluster, Topology.of(cfg)
     pin, cores = bool(share) or c.pin_workers, sorted(share) if share else cores
     spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps) if topology.clustered else {}
-    served, service = service_tasks(cfg, argv, net, forks) if not independent_workers else ({}, [])
-    reads = {DATA_SERVICE: served["dispatcher"][0]} if served else {}  # (the trainers': where the service is)
+    served = service_spec(cfg) if not independent_workers else {}
     tasks = []
-    if not topology.clustered:  # one training process, beside its data service
+    if not topology.clustered and served:  # one training process, beside its data service
         caps = cluster_lib.thread_caps("worker", 1, cores=len(share)) if share else {}
-        tasks.append(TaskProcess("train", net.wrap(argv), {**caps, **reads}, cores=share, forks=forks))
+        tasks.append(TaskProcess("train", net.wrap(argv), {**caps, DATA_SERVICE: served["dispatcher"][0]},
+                                 cores=share, forks=forks))
     for task_type, addresses in spec.items():
         for index, address in enumerate(addresses):
             task = cluster_lib.Task(task_type, index, address)
             # The chief coordinates parameter servers and needs few threads; workers share the cores.
-            env = {**cluster_lib.task_env(spec, task), **reads,
+            env = {**cluster_lib.task_env({**spec, **served}, task),
                    **cluster_lib.thread_caps(task_type, c.workers, per_worker if pin else c.threads_per_worker)}
             serves = topology.parameter_servers and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if pin and task_type == "worker" else \
@@ -137,31 +136,22 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
         env = {**cluster_lib.task_env({**spec, "evaluator": [task.address]}, task),
                **cluster_lib.thread_caps("evaluator", c.workers)}
         tasks.append(TaskProcess(task.name, net.wrap(argv), env, essential=False, task=task, forks=forks))
-    return {**spec, **served}, tasks + service
-
-
-def service_workers(cfg) -> int:
-    """The data workers of the run's tf.data service that the launcher starts (data.service.workers)."""
-    return (cfg.data.get("service") or {}).get("workers") or 0
-
-
-def service_tasks(cfg, argv: list, net, forks) -> tuple[dict, list]:
-    """The tf.data service's tasks (data.service.workers, else none): a dispatcher, which keeps its
-    journal in the run directory, and the data workers; each restarted alone, on its own address, while
-    the trainers go on. ({"dispatcher": [address], "data_worker": [...]}, their TaskProcesses)."""
-    workers = service_workers(cfg)
-    if not workers:
-        return {}, []
-    spec = {"dispatcher": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
-            "data_worker": [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(workers)]}
-    tasks = []
-    for task_type, addresses in spec.items():
+    for task_type, addresses in served.items():  # each restarted alone, on its own address, as the trainers go on
         for index, address in enumerate(addresses):
             task = cluster_lib.Task(task_type, index, address)
-            said = {"type": task_type, "index": index, "address": address, "dispatcher": spec["dispatcher"][0]}
-            tasks.append(TaskProcess(task.name, net.wrap(argv), {SERVICE_TASK: json.dumps(said)}, main=False,
-                                     alone=True, task=task, forks=forks))
-    return spec, tasks
+            tasks.append(TaskProcess(task.name, net.wrap(argv), cluster_lib.task_env({**spec, **served}, task),
+                                     main=False, alone=True, task=task, forks=forks))
+    return {**spec, **served}, tasks
+
+
+def service_spec(cfg) -> dict:
+    """The tf.data service's tasks on this machine (data.service.workers, else none): a dispatcher, which
+    keeps its journal in the run directory, and the data workers, ports picked free."""
+    workers = cluster_lib.service_workers(cfg)
+    if not workers:
+        return {}
+    return {"dispatcher": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
+            "data_worker": [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(workers)]}
 
 
 def run_this_task(cfg, run: RunDir, argv: list, spec: dict, task: cluster_lib.Task, job=None) -> Outcome:
@@ -170,9 +160,10 @@ def run_this_task(cfg, run: RunDir, argv: list, spec: dict, task: cluster_lib.Ta
     again, starts it anew)."""
     log.info("this process is task %s:%d of %s", task.type, task.index, spec)
     env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
+    served = task.type in cluster_lib.SERVICE_TYPES  # (a dispatcher or data worker: no training step to watch)
     return run_tasks([TaskProcess(task.name, argv, env, task=task, cluster=spec,
                                   peer_timeout=coordinator_timeout(cfg, task.type),
-                                  stall_after=cfg.cluster.peer_timeout / 2)], run,
+                                  stall_after=0 if served else cfg.cluster.peer_timeout / 2)], run,
                      startup_timeout=cfg.cluster.startup_timeout, job=job, probe_peers=True)
 
 

@@ -59,7 +59,8 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     try:
         cfg, found, why = _settled(cfg, run_dir, job, overrides)
         topology = Topology.of(cfg)
-        spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name) if not topology.local else (None, None)
+        spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name, cluster_lib.service_workers(cfg)) \
+            if not topology.local else (None, None)
         run = RunDir(run_dir, cfg)
         _write_config(cfg, run, found)
         config = OmegaConf.to_container(cfg, resolve=True)
@@ -74,7 +75,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     # (read by TensorFlow as each task starts; the trial's, by the chief at each epoch's end)
     with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir() as scratch, \
             environment(_followed(job, run, cfg, spec, task, Path(scratch))), _share(job, spec) as cores:
-        if not topology.clustered and not (cluster_tasks.service_workers(cfg) and topology.local):
+        if not topology.clustered and not (cluster_lib.service_workers(cfg) and topology.local):
             # (forked from this process's server: the next run starts sooner)
             forks = forkserver.shared(run.log("forkserver"))
             outcome = run_tasks([TaskProcess("train", argv, cluster_lib.thread_caps("worker", 1, cores=len(cores))

@@ -17,7 +17,7 @@ import time
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from distrain.common.errors import ConfigError
+from distrain.common.errors import ConfigError, print_error
 from distrain.common.messages import DATA_SERVICE, SERVICE_TASK, say_ready
 from distrain.common.rundir import RunDir
 
@@ -31,10 +31,12 @@ def service_task() -> dict | None:
     return json.loads(said) if said else None
 
 
-def serve_data(task: dict, run: RunDir) -> int:
-    """A dispatcher or a data worker, until the launcher stops it. The dispatcher keeps its journal in the
-    run directory, so that a restarted one knows the jobs under way; a data worker registers with it."""
-    from distrain.common.cluster import Task, parse_address
+def serve_data(task: dict, run: RunDir, until_chief_gone: bool = False, startup_timeout: float = 0) -> int:
+    """A dispatcher or a data worker, until the launcher stops it; or, until_chief_gone (a Slurm job step,
+    which ends only when every task has), until the cluster's chief, once up, is gone. The dispatcher
+    keeps its journal in the run directory, so that a restarted one knows the jobs under way; a data
+    worker registers with it."""
+    from distrain.common.cluster import Task, parse_address, until_gone
 
     _, port = parse_address(task["address"], f"{task['type']} address")
     if task["type"] == "dispatcher":
@@ -45,8 +47,15 @@ def serve_data(task: dict, run: RunDir) -> int:
         server = SERVICE.WorkerServer(SERVICE.WorkerConfig(
             dispatcher_address=task["dispatcher"], worker_address=task["address"], port=port))
     say_ready(Task(task["type"], task["index"], task["address"]))
-    server.join()
-    return 0
+    if not until_chief_gone or not task.get("chief"):
+        server.join()
+        return 0
+    why = until_gone(task["chief"], startup_timeout, "the chief")
+    if why:
+        print_error(why)
+    else:
+        print(f"task {task['type']}:{task['index']}: the chief is gone, so this task ends", flush=True)
+    os._exit(1 if why else 0)  # (a server has no way to stop; nothing here to save)
 
 
 def address(data) -> str | None:

@@ -9,7 +9,6 @@ predict (the directory's job.json says which); a sidecar evaluator evaluates the
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -39,7 +38,8 @@ def main(argv=None) -> int:
     if os.environ.get(SERVICE_TASK):  # a dispatcher or data worker of the run's tf.data service
         from distrain.task.data_service import serve_data, service_task
 
-        return serve_data(service_task(), run)
+        return serve_data(service_task(), run, until_chief_gone=cfg.cluster.name == "slurm",
+                          startup_timeout=cfg.cluster.get("startup_timeout", 0))
     try:
         context = RunContext.of(run, cfg, *_place_in_cluster(cfg))
         what = role(context, job)
@@ -216,16 +216,10 @@ def serve(context: RunContext, until_chief_gone: bool = False, startup_timeout: 
     if not until_chief_gone:
         server.join()  # until the launcher (or the user) stops this task
         return 0
-    chief = {"chief-0": context.cluster["chief"][0]}
-    deadline = time.monotonic() + startup_timeout
-    while silent := cluster_lib.unanswered(chief):
-        if time.monotonic() > deadline:
-            print_error(f"the chief never answered within {startup_timeout:g} s (cluster.startup_timeout; "
-                        f"{silent['chief-0']}): read its log, or raise cluster.startup_timeout")
-            os._exit(1)
-        time.sleep(0.5)
-    while not cluster_lib.unanswered(chief):
-        time.sleep(2)
+    why = cluster_lib.until_gone(context.cluster["chief"][0], startup_timeout, "the chief")
+    if why:
+        print_error(why)
+        os._exit(1)
     print(f"task {task.type}:{task.index}: the chief is gone, so this task ends", flush=True)
     os._exit(0)  # the server has no way to stop; nothing here to save
 

@@ -19,7 +19,7 @@ def job_tasks(cfg) -> int:
     """Slurm tasks one job needs: one per task of its cluster (cluster=slurm), else one."""
     if cfg.cluster.name != "slurm" or cfg.strategy.name not in CLUSTER_STRATEGIES:
         return 1
-    return cluster_lib.slurm_tasks(cfg.cluster, cfg.strategy.name)
+    return cluster_lib.slurm_tasks(cfg.cluster, cfg.strategy.name, cluster_lib.service_workers(cfg))
 
 
 class SlurmSweepLauncher(SlurmLauncher):

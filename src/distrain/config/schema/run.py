@@ -177,7 +177,11 @@ class Manual(TfConfig):
     worker_hosts: List[str] = key([], "worker addresses, e.g. [h1:2222,h2:2222]")
     ps_hosts: List[str] = key([], "parameter-server addresses")
     chief_host: Optional[str] = key(None, "the chief's address (parameter_server)", example="h4:2222")
-    task_type: Optional[str] = key(None, "this task's role", one_of("chief", "worker", "ps"), example="worker")
+    dispatcher_host: Optional[str] = key(None, "the tf.data service's dispatcher's address (data.service)",
+                                         example="h5:5050")
+    data_worker_hosts: List[str] = key([], "the tf.data service's data workers' addresses (data.service)")
+    task_type: Optional[str] = key(None, "this task's role",
+                                   one_of("chief", "worker", "ps", "dispatcher", "data_worker"), example="worker")
     task_index: int = key(0, "this task's index in its role", NOT_NEGATIVE)
 
 
