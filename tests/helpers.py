@@ -283,6 +283,23 @@ def kill_in_epoch_2(log: Path, run_dir: Path, victim: str):
     return chaos
 
 
+def ctrl_c_servers(servers: list) -> None:
+    """Tasks that serve until stopped (ps and workers, a data service's): each still serving, then Ctrl-C in
+    its terminal, which ends it with 130."""
+    for server in servers:
+        assert server.poll() is None
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 130
+
+
+def reap(procs: list) -> None:
+    """Whatever of these processes still runs (a test that failed), killed; each waited for."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 def wait_until(predicate, proc, what, timeout=RUN_TIMEOUT, interval=0.2):
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -1,17 +1,27 @@
 """The tf.data service (data.service): what each sharding guarantees, read through the product's own
-reader from a service in this process (loopback); and runs whose local cluster starts the service's
-tasks, supervised as the others: every strategy that reads it, a data worker and the dispatcher killed,
-a service that does not answer."""
+registration from a service in this process (loopback); runs whose local cluster starts the service's
+tasks, supervised as the others (the strategies that read it, arrays and PNG shards, a data worker and
+the dispatcher killed, a resume, a service that does not answer); a TF_CONFIG cluster that lists them."""
 import contextlib
 import json
 import os
-import signal
 
 import pytest
 
 from distrain.common.rundir import RunDir
 
-from helpers import assert_nothing_left, finish, kill_task, make_cfg, run_cli, start, task_state, wait_until
+from helpers import (
+    assert_nothing_left,
+    ctrl_c_servers,
+    finish,
+    kill_task,
+    make_cfg,
+    reap,
+    run_cli,
+    start,
+    task_state,
+    wait_until,
+)
 
 IDS, PASSES = 4096, 3  # examples, each its own id; the passes read
 
@@ -202,14 +212,8 @@ def test_a_tf_config_cluster_lists_the_service_s_tasks_beside_its_trainers(tmp_p
             assert proc.returncode == 0, outs[name][-4000:]
         assert f"input: the tf.data service at grpc://{spec['dispatcher'][0]}" in outs["worker-0"]
         assert results_of(tmp_path / "worker-0")["data_service"]["address"] == f"grpc://{spec['dispatcher'][0]}"
-        for proc in service:
-            assert proc.poll() is None  # serving until stopped
-            proc.send_signal(signal.SIGINT)  # Ctrl-C in its terminal
-            assert proc.wait(timeout=30) == 130
+        ctrl_c_servers(service)  # (serving until stopped)
     finally:
-        for proc in service:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
+        reap(service)
     assert "task data_worker:0 ready at" in (tmp_path / "data_worker-0" / "logs" / "data_worker-0.log").read_text()
     assert_nothing_left(tmp_path)

@@ -28,10 +28,12 @@ from helpers import (
     TRAIN_PY,
     assert_nothing_left,
     check_evaluations,
+    ctrl_c_servers,
     finish,
     kill_in_epoch_2,
     kill_task,
     make_cfg,
+    reap,
     run_cli,
     start,
     task_state,
@@ -384,15 +386,9 @@ def test_manual_mode_by_hand_in_terminals_of_their_own(tmp_path):
         # but over its 5 epochs or more some epoch's mean loss is below the first's, from an untrained model.
         losses = [float(v) for v in re.findall(r"Epoch \d+/1000 - .* - loss: ([\d.]+)", chief_log.read_text())]
         assert len(losses) >= 5 and min(losses[1:]) < losses[0], losses
-        for server in servers:
-            assert server.poll() is None  # ps and workers serve until stopped, the restarted one too
-            server.send_signal(signal.SIGINT)  # Ctrl-C in their terminals
-            assert server.wait(timeout=30) == 130
+        ctrl_c_servers(servers)  # ps and workers serve until stopped, the restarted one too
     finally:
-        for server in servers:
-            if server.poll() is None:
-                server.kill()
-            server.communicate()
+        reap(servers)
     first, _, again = worker_log.read_text().partition("--- started again")
     assert "ready" in first and "ready" in again  # the log goes on
     assert_nothing_left(tmp_path)
