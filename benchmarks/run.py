@@ -193,6 +193,14 @@ def decode(b: Bench) -> None:
     first = [a["epoch_seconds"][0] / p["epoch_seconds"][0] for a, p in zip(arrays, streamed)]
     b.row("decode", "PNG shards / arrays, examples/s of the first epoch (decoding every image)", first, "",
           ">= 0.85", statistics.median(first) >= 0.85)
+    # The cap where decoding shares the cores with the steps: 1 / (1 + decode CPU / step CPU), per example: the
+    # PNG pipeline's read alone, and the in-memory run's (its epochs' CPU: input_cpu_per_example / input_cpu_share).
+    caps = [1 / (1 + p["input_cpu_per_example"] * a["input_cpu_share"] / a["input_cpu_per_example"])
+            for a, p in zip(arrays, streamed)]
+    b.row("decode", "the cap on shared cores: 1 / (1 + decode CPU / step CPU, per example)", caps)
+    below = [c - f for f, c in zip(first, caps)]
+    b.row("decode", "the cap - PNG shards' first epoch / arrays", below, "", "<= 0.05",
+          statistics.median(below) <= 0.05)
     b.row("decode", "PNG shards with data.cache=memory / arrays, examples/s after the first epoch",
           ratios(cached, arrays), "", ">= 0.97", statistics.median(ratios(cached, arrays)) >= 0.97)
     b.row("decode", "PNG shards: the input pipeline alone (input_examples_per_sec) / arrays' training examples/s",

@@ -72,7 +72,8 @@ class Commands:
                    "seconds_to_first_step": 3.0, "epoch_seconds": [1.0] * epochs, "precision_policy": "float32",
                    "onednn": True, "steps_per_execution": cfg.trainer.steps_per_execution,
                    "time_split": {"input": 0.1, "compute": 0.9, "communication": 0.0},
-                   "input_examples_per_sec": 5000.0, "global_batch_size": cfg.trainer.batch_size}
+                   "input_examples_per_sec": 5000.0, "global_batch_size": cfg.trainer.batch_size,
+                   "input_cpu_per_example": 2e-5, "input_cpu_share": 0.2}
         (run_dir / "results.json").write_text(json.dumps(results))
         if cfg.strategy.name in ("multi_worker_mirrored", "parameter_server"):
             names = [f"worker-{i}" for i in range(cfg.cluster.workers)]
