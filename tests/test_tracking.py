@@ -97,7 +97,8 @@ def test_a_two_worker_run_killed_restarted_and_resumed_is_one_mlflow_run(server,
     (run,) = runs_of(client, "workers")  # one run: not one per worker, restart or resume
     state = tracked(run_dir, server.uri)
     assert run.info.run_id == first["run_id"] == state["run_id"] and run.info.status == "FINISHED"
-    assert f"mlflow: run {run.info.run_id} in experiment workers at {server.uri}" in done.stdout + done.stderr
+    assert f"mlflow: run {run.info.run_id} in experiment workers at {server.uri} ({server.uri}/#/experiments/" \
+           f"{run.info.experiment_id}/runs/{run.info.run_id})" in done.stdout + done.stderr  # (its page in the UI)
     assert "View run" not in done.stdout + done.stderr  # (MLflow's own links: ours is the line above)
     for key in ("loss", "accuracy", "time_compute", "epoch_examples_per_sec"):
         assert steps(client, run.info.run_id, key) == [1, 2, 3, 4], key

@@ -147,7 +147,10 @@ class Tracked:
         self.run.write_tracked({**self.run.read_tracked(), self.uri: self.state})
 
     def where(self) -> str:
-        return f"mlflow: run {self.run_id} in experiment {self.state['experiment']} at {self.uri}"
+        """Where the run went, in one line: its page in MLflow's UI, where the store is a server's."""
+        page = f" ({self.uri.rstrip('/')}/#/experiments/{self.state['experiment_id']}/runs/{self.run_id})" \
+            if self.uri.startswith(("http://", "https://")) and self.state.get("experiment_id") else ""
+        return f"mlflow: run {self.run_id} in experiment {self.state['experiment']} at {self.uri}{page}"
 
     # -- epochs
     def log_epochs(self, rows: list | None = None) -> int:
