@@ -154,6 +154,19 @@ def test_peak_memory_is_the_kernels_own():
     assert memory.resident_mib(2 ** 22 + 1) is None  # control: no such process
 
 
+def test_cpu_time_is_the_kernels_own_and_adds_up_over_a_task_s_lives():
+    own = sum(os.times()[:2])  # (this process's user and system time)
+    assert memory.cpu_seconds(os.getpid()) == pytest.approx(own, abs=0.05)
+    assert memory.cpu_seconds(2 ** 22 + 1) is None  # control: no such process
+    watch = memory.Watch()
+    watch.started()
+    watch.look(os.getpid())
+    first = watch.cpu
+    watch.started()  # restarted: its earlier life's CPU kept, the new one's added
+    watch.look(os.getpid())
+    assert first > 0 and watch.cpu >= 2 * first
+
+
 def test_a_sigkill_is_out_of_memory_only_when_the_kernel_counted_one(monkeypatch):
     counts = iter([5, 6, 6])
     monkeypatch.setattr(memory, "oom_kills", lambda: next(counts))

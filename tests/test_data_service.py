@@ -102,6 +102,8 @@ def test_a_cluster_reads_its_training_data_through_the_service_to_the_same_accur
     assert alone.returncode == 0, alone.stdout + alone.stderr
     found, expected = results_of(tmp_path / "served"), results_of(tmp_path / "alone")
     assert found["data_service"]["workers"] == 2 and found["data_service"]["sharding"] == "dynamic"
+    assert {"dispatcher-0", "data_worker-0", "data_worker-1", "worker-0", "worker-1"} <= set(found["task_cpu_seconds"])
+    assert found["task_cpu_seconds"]["data_worker-0"] > 0  # (what the service took, beside the trainers)
     assert "data_service" not in expected
     assert abs(found["test_accuracy"] - expected["test_accuracy"]) <= SAME_ACCURACY[strategy], (found, expected)
     cluster = json.loads((tmp_path / "served" / "cluster.json").read_text())

@@ -59,7 +59,7 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
                         whole=topology.clustered)  # (a lone trainer is never restarted; its data service is)
     if cluster_lib.service_workers(cfg) and not independent_workers:  # a dispatcher's journal is its run's alone
         shutil.rmtree(run.data_service, ignore_errors=True)
-    peaks = {}
+    peaks, cpu = {}, {}
     net = network(cfg)
     with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers and not share else 0) as cores:
         if not net.available:
@@ -94,6 +94,8 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
             # (each task's peak over the cluster's restarts too)
             peaks = outcome.peak_rss_mib = {name: max(peak, peaks.get(name, 0.0))
                                             for name, peak in outcome.peak_rss_mib.items()}
+            cpu = outcome.cpu_seconds = {name: round(outcome.cpu_seconds.get(name, 0.0) + cpu.get(name, 0.0), 1)
+                                         for name in {**cpu, **outcome.cpu_seconds}}  # (its CPU, summed)
             if not outcome.restart:
                 _record_restarts(run, restarts)
                 return outcome

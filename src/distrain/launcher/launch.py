@@ -30,7 +30,7 @@ from distrain.data import arrays
 from distrain.launcher import callbacks, cluster_tasks, forkserver
 from distrain.launcher.supervisor import Outcome, TaskProcess, run_tasks
 from distrain.report import tracking
-from distrain.report.results import logs_for_tensorboard, memory_line, short_line
+from distrain.report.results import cpu_line, logs_for_tensorboard, memory_line, short_line
 from distrain.report.sweep import Job
 
 log = logging.getLogger("distrain")
@@ -271,8 +271,12 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
     if results and outcome.peak_rss_mib:  # (the tasks' peaks: known here once they have ended)
         results["peak_rss_mib"] = outcome.peak_rss_mib
         run.add_to_results({"peak_rss_mib": outcome.peak_rss_mib})
+    if results and outcome.cpu_seconds:
+        run.add_to_results({"task_cpu_seconds": outcome.cpu_seconds})
     if outcome.peak_rss_mib and not job:
         log.info("peak resident memory: %s", memory_line(outcome.peak_rss_mib))
+    if any(name.startswith(cluster_lib.SERVICE_TYPES) for name in outcome.cpu_seconds) and not job:
+        log.info("CPU time: %s", cpu_line(outcome.cpu_seconds))  # (what the data service took, beside the trainers)
     if results:
         try:
             from distrain.report import plots  # matplotlib: only once there is something to draw

@@ -1,7 +1,8 @@
-"""Memory per task: the kernel's own record of a task process's peak resident memory (VmHWM in
-/proc/PID/status), which the launcher reads while the task runs, and whether a task the kernel killed
-ran out of memory (the kernel's count of the processes it killed for memory, /proc/vmstat oom_kill,
-which counts a cgroup's own limit too)."""
+"""Memory and CPU per task: the kernel's own record of a task process's peak resident memory (VmHWM in
+/proc/PID/status) and CPU time (/proc/PID/stat), which the launcher reads while the task runs, and
+whether a task the kernel killed ran out of memory (the kernel's count of the processes it killed for
+memory, /proc/vmstat oom_kill, which counts a cgroup's own limit too)."""
+import os
 from pathlib import Path
 
 from distrain.launcher.restarts import how_ended
@@ -26,6 +27,15 @@ def resident_mib(pid: int) -> tuple[float, float] | None:
     return values["VmHWM"], values.get("VmRSS", 0.0)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """A live process's CPU time so far (user and system), in seconds; None once it has ended."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
 def oom_kills() -> int | None:
     """How many processes the kernel has killed for memory since the machine started (None: unknown)."""
     try:
@@ -44,14 +54,19 @@ class Watch:
     def __init__(self):
         self.peak = self.last = 0.0
         self.kills_before, self.killed = None, False
+        self.cpu_before = self.cpu_now = 0.0  # CPU-s of its earlier lives, and of this one at the last look
 
     def started(self) -> None:
         self.kills_before = oom_kills()
+        self.cpu_before, self.cpu_now = self.cpu_before + self.cpu_now, 0.0
 
     def look(self, pid: int) -> None:
         found = resident_mib(pid)
         if found:
             self.peak, self.last = max(self.peak, found[0]), found[1]
+        self.cpu_now = cpu_seconds(pid) or self.cpu_now
+
+    cpu = property(lambda self: self.cpu_before + self.cpu_now)  # over its lives, to the last look
 
     def killed_for_memory(self, code: int | None) -> bool:
         """Whether an exit with `code` was the kernel's killing for memory: a SIGKILL while its count of

@@ -55,6 +55,7 @@ class Outcome:
     log_tail: list = field(default_factory=list)
     restart: bool = False
     peak_rss_mib: dict = field(default_factory=dict)  # each task's peak resident memory, by its name
+    cpu_seconds: dict = field(default_factory=dict)  # each task's CPU time, to the launcher's last look
 
 
 @dataclass
@@ -291,6 +292,7 @@ def run_tasks(tasks: list, run: RunDir, startup_timeout=None, on_change=None, jo
         for s, handler in previous.items():
             signal.signal(s, handler)
         outcome.peak_rss_mib = {t.name: round(t.memory.peak, 1) for t in tasks if t.memory.peak}
+        outcome.cpu_seconds = {t.name: round(t.memory.cpu, 1) for t in tasks if t.memory.cpu}
 
 
 def _start_all(tasks: list, run: RunDir, job) -> None:

@@ -136,6 +136,11 @@ def memory_line(peaks: dict) -> str:
     return ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items())
 
 
+def cpu_line(seconds: dict) -> str:
+    """Each task's CPU time ("worker-0 31.2 s, data_worker-0 6.0 s")."""
+    return ", ".join(f"{name} {s:,.1f} s" for name, s in seconds.items())
+
+
 def short_line(r: dict) -> str:
     return (f"{headline(r)}, {r['examples_per_sec']:,.0f} examples/s, "
             f"{r['train_seconds']:.1f} s training")
