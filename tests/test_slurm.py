@@ -219,3 +219,25 @@ def test_a_slurm_step_s_last_ranks_run_the_tf_data_service_and_end_with_the_chie
         "data_worker-0.log", "dispatcher-0.log", "worker-0.log", "worker-1.log"]
     assert out.stdout.count("the chief is gone, so this task ends") == 2, out.stdout[-3000:]
     assert_nothing_left(tmp_path)
+
+
+def test_an_optuna_study_on_slurm_prunes_its_trials_two_at_a_time(tmp_path):
+    """-m hparams_search=optuna hydra/launcher=slurm: each trial a Slurm job, two at a time; a pruner that
+    stops every trial below 0.99 at its first epoch stops each there (the job's launcher follows its epochs
+    on the node and tells the study, which lives in the sweep directory)."""
+    sweep = tmp_path / "sweep"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run([sys.executable, str(TRAIN_PY), "-m", "hparams_search=optuna", "hydra/launcher=slurm",
+                          f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+                          "hydra.sweeper.pruner={_target_: optuna.pruners.ThresholdPruner, lower: 0.99}",
+                          "model=mlp", "data.source=bundled", "trainer.epochs=4"],  # (no digit reaches 0.99 then)
+                         capture_output=True, text=True, timeout=2 * RUN_TIMEOUT, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = out.stdout + out.stderr
+    assert "trial 0: pruned at epoch 1 (val_accuracy" in said and "trial 1: pruned at epoch 1 (val_accuracy" in said
+    assert "No trial completed" in said, said[-3000:]
+    for num in (0, 1):
+        status = json.loads((sweep / str(num) / "status.json").read_text())
+        assert status["status"] == "pruned" and status["exit_status"] == 0
+        assert "Epoch 2/" not in (sweep / str(num) / "logs" / "train.log").read_text()  # stopped at epoch 1's end
+    assert_nothing_left(tmp_path)
