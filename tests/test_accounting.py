@@ -1,6 +1,7 @@
 """Where a run's time and memory go: the time split and what binds the run, each task's peak memory,
 the profiler switch (stalls and `distrain stacks`: test_multiworker's hung-task test)."""
 import json
+import math
 import os
 import resource
 import subprocess
@@ -131,7 +132,8 @@ def test_an_input_pipeline_costly_in_cpu_is_input_bound_with_the_factor(tmp_path
     if alone < steps:  # (the pipeline alone slower than the steps: the factor a fix could give)
         assert said == (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
                         f"{steps:,.0f} (on the same cores): an input that kept up would give at most "
-                        f"{steps / alone:.1f}x")
+                        f"{steps / alone:.1f}x; the tf.data service: {math.ceil(steps / alone)} data worker(s) on "
+                        "machines like this one would feed them (data.service, docs/data_in_files.md)")
     else:  # (the steps slowed as much by the pipeline's CPU on the shared cores: the wait is what is said)
         assert said == (f"input-bound: waiting for the next batch takes {results['time_split']['input']:.0%} of the "
                         f"training time (the input pipeline alone delivers {alone:,.0f} examples/s)")

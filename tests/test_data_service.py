@@ -171,7 +171,9 @@ def test_a_service_that_does_not_answer_is_named_in_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_run_goes_on_with_the_epoch_it_stopped_in_through_a_new_stream(tmp_path):
-    run_dir, args = tmp_path / "run", ["data.service.workers=1", "trainer.checkpoint_every_steps=20"]
+    run_dir = tmp_path / "run"
+    args = ["strategy=mirrored", "strategy.cpu_virtual_devices=2", "data.service.workers=1",
+            "trainer.checkpoint_every_steps=20"]  # (2 replicas: the pipeline's batches split between them)
     proc = start(run_dir, *args, "trainer.epochs=3")
     try:  # stopped mid-epoch 2 (SIGTERM: its step checkpointed), once a checkpoint of epoch 2 is written
         wait_until(lambda: (run_dir / "logs" / "train.log").exists() and

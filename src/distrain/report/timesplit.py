@@ -107,7 +107,7 @@ def verdict(results: dict, data_cfg=None) -> str:
     if what == "input" and alone and steps and alone < steps:  # (the input caps the run; the steps cap a fix)
         return (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
                 f"{steps:,.0f} (on the same cores): an input that kept up would give at most {steps / alone:.1f}x"
-                f"{input_fix(data_cfg)}{service_fix(alone, steps, data_cfg)}")
+                f"{input_fix(data_cfg)}{service_fix(alone, steps, data_cfg, bool(input_fix(data_cfg)))}")
     if what == "input":
         return f"input-bound: waiting for the next batch takes {share}" + (
             f" (the input pipeline alone delivers {alone:,.0f} examples/s)" if alone else "") + input_fix(data_cfg)
@@ -129,9 +129,10 @@ def verdict(results: dict, data_cfg=None) -> str:
     return line
 
 
-def service_fix(alone: float, steps: float, data_cfg) -> str:
+def service_fix(alone: float, steps: float, data_cfg, other: bool = False) -> str:
     """The data workers of the tf.data service that would feed steps of `steps` examples/s, where one
-    delivers `alone` (the input pipeline measured alone: in the trainer, or through the run's service)."""
+    delivers `alone` (the input pipeline measured alone: in the trainer, or through the run's service);
+    `other`: a fix of the data itself was said before it."""
     if data_cfg is None:
         return ""
     service = data_cfg.get("service") or {}
@@ -139,8 +140,8 @@ def service_fix(alone: float, steps: float, data_cfg) -> str:
     workers = math.ceil(steps / alone * max(now, 1))
     if now:
         return f"; {workers} data workers on machines of their own would feed them (data.service.address)"
-    return (f"; or the tf.data service: {workers} data worker(s) on machines like this one would feed them "
-            "(data.service, docs/data_in_files.md)")
+    return (f"; {'or ' if other else ''}the tf.data service: {workers} data worker(s) on machines like this one "
+            "would feed them (data.service, docs/data_in_files.md)")
 
 
 def input_fix(data_cfg) -> str:

@@ -157,7 +157,7 @@ def served(reader, cfg, context: RunContext, skip: int, pipelines: int, say: boo
         return reader
     if say and context.chief and cfg.trainer.verbose:
         s = cfg.data.service
-        print(f"input: the tf.data service at {where}{f' ({s.workers} data workers)' if s.workers else ''}, "
+        print(f"input: the tf.data service at {where}{f' ({s.workers} data worker(s))' if s.workers else ''}, "
               f"sharding {s.sharding}: " + ("each example at most once a pass across the trainers" if
                                              s.sharding == "dynamic" else "each trainer reads every example a pass"),
               flush=True)
