@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distrain.common import cluster
+from distrain.common import cluster, placement
 from distrain.common.errors import ConfigError
 from distrain.common.topology import Topology
 from distrain.config.validate import validate
@@ -21,10 +21,10 @@ SPEC = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221", "127.0.0.1:222
 
 def test_tf_config_with_chief_workers_and_ps_is_accepted():
     text = json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}})
-    spec, task = cluster.from_tf_config(text, "parameter_server")
+    spec, task = placement.from_tf_config(text, "parameter_server")
     assert spec == SPEC and task == cluster.Task("worker", 1, "127.0.0.1:2222")
     assert json.loads(cluster.tf_config(spec, task)) == json.loads(text)
-    spec, task = cluster.from_tf_config(json.dumps({"cluster": {**SPEC, "evaluator": ["127.0.0.1:2224"]},
+    spec, task = placement.from_tf_config(json.dumps({"cluster": {**SPEC, "evaluator": ["127.0.0.1:2224"]},
                                                     "task": {"type": "evaluator", "index": 0}}),
                                         "parameter_server")
     assert task.name == "evaluator-0"
@@ -51,7 +51,7 @@ def test_tf_config_with_chief_workers_and_ps_is_accepted():
 ])
 def test_bad_tf_config_is_one_clear_line(text, message):
     with pytest.raises(ConfigError) as err:
-        cluster.from_tf_config(text, "parameter_server")
+        placement.from_tf_config(text, "parameter_server")
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -60,14 +60,14 @@ SERVED = {"worker": ["127.0.0.1:2221", "127.0.0.1:2222"], "dispatcher": ["127.0.
 
 
 def test_the_tf_data_service_s_tasks_are_the_cluster_s_but_never_in_tensorflow_s_spec():
-    spec, task = cluster.from_tf_config(json.dumps({"cluster": SERVED, "task": {"type": "worker", "index": 1}}),
+    spec, task = placement.from_tf_config(json.dumps({"cluster": SERVED, "task": {"type": "worker", "index": 1}}),
                                         "multi_worker_mirrored")
     assert spec == SERVED and Topology.of(make_cfg("strategy=multi_worker_mirrored"), spec).workers == 2
     env = cluster.task_env(spec, task)  # a trainer: TensorFlow's cluster, and where the dispatcher is
     assert json.loads(env["TF_CONFIG"])["cluster"] == {"worker": SERVED["worker"]}
     assert env["DISTRAIN_DATA_SERVICE"] == "127.0.0.1:2230"
     as_data_worker = json.dumps({"cluster": SERVED, "task": {"type": "data_worker", "index": 1}})
-    _, data_worker = cluster.from_tf_config(as_data_worker, "multi_worker_mirrored")
+    _, data_worker = placement.from_tf_config(as_data_worker, "multi_worker_mirrored")
     env = cluster.task_env(spec, data_worker)  # a data worker: no TF_CONFIG, its part in the service
     assert "TF_CONFIG" not in env and json.loads(env["DISTRAIN_SERVICE_TASK"]) == {
         "type": "data_worker", "index": 1, "address": "127.0.0.1:2232", "dispatcher": "127.0.0.1:2230",
@@ -77,7 +77,7 @@ def test_the_tf_data_service_s_tasks_are_the_cluster_s_but_never_in_tensorflow_s
     manual = make_cfg("strategy=multi_worker_mirrored", "cluster=manual", "cluster.worker_hosts=[127.0.0.1:2221,"
                       "127.0.0.1:2222]", "cluster.dispatcher_host=127.0.0.1:2230", "cluster.data_worker_hosts="
                       "[127.0.0.1:2231,127.0.0.1:2232]", "cluster.task_type=dispatcher")
-    assert cluster.from_manual(validate(manual).cluster, "multi_worker_mirrored") == \
+    assert placement.from_manual(validate(manual).cluster, "multi_worker_mirrored") == \
         (SERVED, cluster.Task("dispatcher", 0, "127.0.0.1:2230"))
     for spec, says in (({**SERVED, "dispatcher": []}, "has 0 dispatcher(s) and 2 data_worker(s)"),
                        ({**SERVED, "data_worker": []}, "has 1 dispatcher(s) and 0 data_worker(s)"),
@@ -99,15 +99,15 @@ def test_manual_flags_build_the_same_cluster():
                    "cluster.ps_hosts=[127.0.0.1:2223]", "cluster.chief_host=127.0.0.1:2220",
                    "cluster.task_type=ps", "cluster.task_index=0")
     validate(cfg)
-    spec, task = cluster.from_manual(cfg.cluster, "parameter_server")
+    spec, task = placement.from_manual(cfg.cluster, "parameter_server")
     assert spec == SPEC and task.address == "127.0.0.1:2223"
     with pytest.raises(ConfigError, match="task index 5 is outside the cluster"):
-        cluster.from_manual(make_cfg("cluster=manual", "cluster.worker_hosts=[h:1]", "cluster.task_type=worker",
+        placement.from_manual(make_cfg("cluster=manual", "cluster.worker_hosts=[h:1]", "cluster.task_type=worker",
                                      "cluster.task_index=5").cluster, "multi_worker_mirrored")
     with pytest.raises(ConfigError, match="needs this task's role"):
-        cluster.from_manual(make_cfg("cluster=manual", "cluster.worker_hosts=[h:1]").cluster, "multi_worker_mirrored")
+        placement.from_manual(make_cfg("cluster=manual", "cluster.worker_hosts=[h:1]").cluster, "multi_worker_mirrored")
     with pytest.raises(ConfigError, match="no worker tasks"):
-        cluster.from_manual(make_cfg("cluster=manual").cluster, "multi_worker_mirrored")
+        placement.from_manual(make_cfg("cluster=manual").cluster, "multi_worker_mirrored")
 
 
 def slurm_env(rank: int, node: str, local: int, tasks=5, nodes="n1,n2", per_node="3,2") -> dict:
@@ -119,34 +119,34 @@ def slurm_env(rank: int, node: str, local: int, tasks=5, nodes="n1,n2", per_node
 def test_slurm_ranks_become_chief_ps_and_workers_on_ports_per_node():
     cfg = make_cfg("strategy=parameter_server", "cluster=slurm", "cluster.ps=1", "cluster.evaluator=true")
     validate(cfg)
-    spec, task = cluster.from_slurm(cfg.cluster, "parameter_server", slurm_env(3, "n2", 0))
+    spec, task = placement.from_slurm(cfg.cluster, "parameter_server", slurm_env(3, "n2", 0))
     assert spec == {"chief": ["n1:23456"], "ps": ["n1:23457"], "worker": ["n1:23458", "n2:23456"],
                     "evaluator": ["n2:23457"]}
     assert task == cluster.Task("worker", 1, "n2:23456")
     mwm = make_cfg("strategy=multi_worker_mirrored", "cluster=slurm").cluster
-    spec, task = cluster.from_slurm(mwm, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=4, per_node="2(x2)"))
+    spec, task = placement.from_slurm(mwm, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=4, per_node="2(x2)"))
     assert spec == {"worker": ["n1:23456", "n1:23457", "n2:23456", "n2:23457"]} and task.name == "worker-0"
-    assert cluster.slurm_counts("2(x3),1") == [2, 2, 2, 1]
+    assert placement.slurm_counts("2(x3),1") == [2, 2, 2, 1]
     served = validate(make_cfg("strategy=multi_worker_mirrored", "cluster=slurm", "data.service.workers=2")).cluster
-    spec, task = cluster.from_slurm(served, "multi_worker_mirrored", slurm_env(4, "n2", 1), service=2)
+    spec, task = placement.from_slurm(served, "multi_worker_mirrored", slurm_env(4, "n2", 1), service=2)
     assert spec == {"worker": ["n1:23456", "n1:23457"], "dispatcher": ["n1:23458"],
                     "data_worker": ["n2:23456", "n2:23457"]} and task == cluster.Task("data_worker", 1, "n2:23457")
-    assert cluster.slurm_tasks(served, "multi_worker_mirrored", 2) == 4  # (the fewest: a worker and the service)
+    assert placement.slurm_tasks(served, "multi_worker_mirrored", 2) == 4  # (the fewest: a worker and the service)
     with pytest.raises(ConfigError, match=re.escape("a worker and 3 tasks of the tf.data service make 4 Slurm tasks; "
                                                     "this step has 3: srun -n 4 or more")):
-        cluster.from_slurm(served, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=3, per_node="3", nodes="n1"),
+        placement.from_slurm(served, "multi_worker_mirrored", slurm_env(0, "n1", 0, tasks=3, per_node="3", nodes="n1"),
                            service=2)
 
 
 def test_slurm_gpus_are_shared_out_among_a_nodes_tasks():
     """Without a GPU here, with the variables Slurm sets: 5 tasks, 3 on n1 and 2 on n2, 4 GPUs a node."""
     gpus = {"SLURM_STEP_GPUS": "0,1,2,3"}
-    assert cluster.slurm_gpus({**slurm_env(3, "n2", 0), **gpus}) == {"CUDA_VISIBLE_DEVICES": "0,1"}
-    assert cluster.slurm_gpus({**slurm_env(4, "n2", 1), **gpus}) == {"CUDA_VISIBLE_DEVICES": "2,3"}
-    assert cluster.slurm_gpus({**slurm_env(2, "n1", 2), **gpus}) == {"CUDA_VISIBLE_DEVICES": "2"}  # 4 // 3 each
-    assert cluster.slurm_gpus({**slurm_env(2, "n1", 2), "SLURM_STEP_GPUS": "0,1"}) == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert cluster.slurm_gpus({**slurm_env(3, "n2", 0), **gpus, "SLURM_GPUS_PER_TASK": "1"}) == {}  # Slurm's own
-    assert cluster.slurm_gpus(slurm_env(3, "n2", 0)) == {}  # no GPUs
+    assert placement.slurm_gpus({**slurm_env(3, "n2", 0), **gpus}) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert placement.slurm_gpus({**slurm_env(4, "n2", 1), **gpus}) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert placement.slurm_gpus({**slurm_env(2, "n1", 2), **gpus}) == {"CUDA_VISIBLE_DEVICES": "2"}  # 4 // 3 each
+    assert placement.slurm_gpus({**slurm_env(2, "n1", 2), "SLURM_STEP_GPUS": "0,1"}) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert placement.slurm_gpus({**slurm_env(3, "n2", 0), **gpus, "SLURM_GPUS_PER_TASK": "1"}) == {}  # Slurm's own
+    assert placement.slurm_gpus(slurm_env(3, "n2", 0)) == {}  # no GPUs
 
 
 @pytest.mark.parametrize("env, overrides, message", [
@@ -159,7 +159,7 @@ def test_slurm_gpus_are_shared_out_among_a_nodes_tasks():
 def test_slurm_misfits_are_one_line(env, overrides, message):
     cfg = make_cfg("strategy=parameter_server", "cluster=slurm", *overrides)
     with pytest.raises(ConfigError, match=re.escape(message)):
-        cluster.from_slurm(cfg.cluster, "parameter_server", env)
+        placement.from_slurm(cfg.cluster, "parameter_server", env)
 
 
 def test_local_spec_picks_distinct_free_loopback_ports():

@@ -22,7 +22,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.common import storage
+from distrain.common import placement, storage
 from distrain.common.errors import ConfigError, print_error
 from distrain.common.messages import error_line
 from distrain.common.rundir import RunDir
@@ -94,7 +94,7 @@ class Cluster:
         self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
         self.spec = self.task = None  # on a cluster spread over machines, the cluster and this machine's task
         if not Topology.of(cfg).local:
-            self.spec, self.task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name)
+            self.spec, self.task = placement.this_task(cfg.cluster, cfg.strategy.name)
         place = self.run_dir / "evaluations" / command
         self.where = RunDir(place / self.task.name if self.task else place, cfg)
 

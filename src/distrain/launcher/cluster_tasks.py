@@ -2,7 +2,9 @@
 training run and for a clustered evaluate or predict alike (their command line and how a restart goes on
 differ): every task on this machine (`run_local`, cluster=local: the private network, the fork server,
 free ports, pinned cores, cluster.json, restarts of a task or of the whole cluster), or this machine's
-one task of a cluster spread over machines (`run_this_task`).
+one task of a cluster spread over machines (`run_this_task`). A training's tf.data service
+(data.service.workers) is tasks of its cluster: a dispatcher and data workers beside the trainers, or
+beside the one training process of a strategy without a cluster.
 
 Runs in the launcher's process (or evaluate's and predict's command); imports no TensorFlow.
 """
@@ -12,6 +14,7 @@ import shutil
 import portpicker
 
 from distrain.common import cluster as cluster_lib
+from distrain.common import placement
 from distrain.common.errors import ConfigError, fail, print_error
 from distrain.common.messages import DATA_SERVICE, RESTARTS_CLUSTER, error_line
 from distrain.common.rundir import RunDir
@@ -43,8 +46,9 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     logs and cluster.json in `run`.
 
     An essential task that dies restarts the whole cluster (every synchronous worker needs every other;
-    the ps tasks hold the only copy of the variables); a parameter-server worker, or any worker where
-    `independent_workers` (evaluate's and predict's: each computes parts of its own), is restarted alone.
+    the ps tasks hold the only copy of the variables); a parameter-server worker, any worker where
+    `independent_workers` (evaluate's and predict's: each computes parts of its own), and the data
+    service's tasks are restarted alone; a lone training process (a strategy without a cluster) never.
     Up to cluster.max_restarts restarts in all. `restarted(cfg, restarts)`: the config the restarted
     cluster runs (a training resumes from its latest checkpoint), written where its tasks read it; a
     ConfigError it raises ends the run. `evaluator`: with the sidecar evaluator (cluster.evaluator).
@@ -62,15 +66,8 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     peaks, cpu = {}, {}
     net = network(cfg)
     with cluster_lib.CoreLocks(c.workers * per_worker if c.pin_workers and not share else 0) as cores:
-        if not net.available:
-            if c.isolate is True:
-                error = (f"cluster.isolate=true but no private network is possible here ({net.reason}): "
-                         "set cluster.isolate=auto to run without one")
-                print_error(error)
-                return Outcome(2, "failed", error_line(error))
-            log.warning("the cluster's servers are NOT isolated (%s): TensorFlow listens on every interface, "
-                        "so anyone who can reach this machine can reach them; use a trusted network",
-                        net.reason)
+        if (refused := _not_isolated(c, net)) is not None:
+            return refused
         if cores.shared:
             log.warning("cluster.pin_workers: %s", cores.shared)
         where = "private network namespace" if net.available else f"host network, not isolated ({net.reason})"
@@ -103,6 +100,20 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
                 cfg = restarted(cfg, restarts) if restarted else cfg
             except ConfigError as exc:  # (a full disk)
                 return Outcome(fail(exc), "failed", error_line(exc))
+
+
+def _not_isolated(c, net) -> Outcome | None:
+    """Without a private network: the run refused where cluster.isolate=true, else a warning (None)."""
+    if net.available:
+        return None
+    if c.isolate is True:
+        error = (f"cluster.isolate=true but no private network is possible here ({net.reason}): "
+                 "set cluster.isolate=auto to run without one")
+        print_error(error)
+        return Outcome(2, "failed", error_line(error))
+    log.warning("the cluster's servers are NOT isolated (%s): TensorFlow listens on every interface, "
+                "so anyone who can reach this machine can reach them; use a trusted network", net.reason)
+    return None
 
 
 def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, independent_workers: bool = False,
@@ -161,7 +172,7 @@ def run_this_task(cfg, run: RunDir, argv: list, spec: dict, task: cluster_lib.Ta
     started on each), as TF_CONFIG places it; not restarted here (its orchestrator, or the same command
     again, starts it anew)."""
     log.info("this process is task %s:%d of %s", task.type, task.index, spec)
-    env = {**cluster_lib.task_env(spec, task), **(cluster_lib.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
+    env = {**cluster_lib.task_env(spec, task), **(placement.slurm_gpus() if cfg.cluster.name == "slurm" else {})}
     served = task.type in cluster_lib.SERVICE_TYPES  # (a dispatcher or data worker: no training step to watch)
     return run_tasks([TaskProcess(task.name, argv, env, task=task, cluster=spec,
                                   peer_timeout=coordinator_timeout(cfg, task.type),

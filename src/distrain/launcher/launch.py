@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
-from distrain.common import cpu, storage
+from distrain.common import cpu, placement, storage
 from distrain.common.errors import ConfigError, fail
 from distrain.common.messages import SCRATCH, STARTED, VERDICT, error_line
 from distrain.common.rundir import RunDir
@@ -59,7 +59,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     try:
         cfg, found, why = _settled(cfg, run_dir, job, overrides)
         topology = Topology.of(cfg)
-        spec, task = cluster_lib.this_task(cfg.cluster, cfg.strategy.name, cluster_lib.service_workers(cfg)) \
+        spec, task = placement.this_task(cfg.cluster, cfg.strategy.name, cluster_lib.service_workers(cfg)) \
             if not topology.local else (None, None)
         run = RunDir(run_dir, cfg)
         _write_config(cfg, run, found)

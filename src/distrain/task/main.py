@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from distrain.common import cluster as cluster_lib
+from distrain.common import placement
 from distrain.common.errors import FINAL, PeerLost, fail, print_error
 from distrain.common.lifetime import die_with_parent
 from distrain.common.messages import DATA_SERVICE, RESTARTS_CLUSTER, SERVICE_TASK, say_ready
@@ -101,7 +102,7 @@ def _place_in_cluster(cfg) -> tuple:
     """(cluster spec, this task) from TF_CONFIG, read here alone; () for a process alone."""
     if not Topology.of(cfg).clustered:
         return ()
-    return cluster_lib.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
+    return placement.from_tf_config(os.environ.get("TF_CONFIG"), cfg.strategy.name)
 
 
 def train_here(cfg, context: RunContext) -> dict:
