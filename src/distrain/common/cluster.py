@@ -139,20 +139,23 @@ def chief_address(spec: dict) -> str | None:
     return addresses[int(index)] if addresses else None
 
 
-def service_workers(cfg) -> int:
-    """The data workers of the run's tf.data service that its command starts (data.service.workers)."""
-    return (cfg.data.get("service") or {}).get("workers") or 0
+def first_answer(address: str, timeout: float, interval: float = 0.5) -> str:
+    """Waits up to `timeout` seconds for the task at `address` to answer: "" once it does, else why it did
+    not (as unanswered says)."""
+    deadline = time.monotonic() + timeout
+    while silent := unanswered({"it": address}):
+        if time.monotonic() > deadline:
+            return silent["it"]
+        time.sleep(interval)
+    return ""
 
 
 def until_gone(address: str, startup_timeout: float, what: str) -> str:
     """Waits for the task at `address` (`what`: "the chief") to answer, then for it to be gone: "" then;
     else, after startup_timeout seconds without an answer, why (one line)."""
-    deadline = time.monotonic() + startup_timeout
-    while silent := unanswered({what: address}):
-        if time.monotonic() > deadline:
-            return (f"{what} never answered within {startup_timeout:g} s (cluster.startup_timeout; {silent[what]}): "
-                    "read its log, or raise cluster.startup_timeout")
-        time.sleep(0.5)
+    if silent := first_answer(address, startup_timeout):
+        return (f"{what} never answered within {startup_timeout:g} s (cluster.startup_timeout; {silent}): "
+                "read its log, or raise cluster.startup_timeout")
     while not unanswered({what: address}):
         time.sleep(2)
     return ""

@@ -169,7 +169,8 @@ def check_local_cluster(cfg, topology: Topology) -> None:
         if c.min_workers > c.workers:
             raise ConfigError(f"cluster.min_workers={c.min_workers} is above cluster.workers={c.workers}: set it "
                               f"from 1 to {c.workers}")
-    served = cfg.data.service.workers + 1 if cfg.data.get("service") and cfg.data.service.workers else 0
+    served = schema.service_workers(cfg.data)
+    served += 1 if served else 0  # (and their dispatcher)
     tasks = topology.workers + topology.ps + served
     if tasks > schema.MAX_PER_CORE * schema.CORES:
         service = f" and data.service.workers={served - 1}" if served else ""

@@ -61,7 +61,7 @@ def run_local(cfg, run: RunDir, argv: list, job=None, *, independent_workers: bo
     restarts = Restarts(c.max_restarts, c.restart_window, workers=c.workers if synchronous else 0,
                         min_workers=c.get("min_workers"), batch=schema.update_batch(cfg.trainer),
                         whole=topology.clustered)  # (a lone trainer is never restarted; its data service is)
-    if cluster_lib.service_workers(cfg) and not independent_workers:  # a dispatcher's journal is its run's alone
+    if schema.service_workers(cfg.data) and not independent_workers:  # a dispatcher's journal is its run's alone
         shutil.rmtree(run.data_service, ignore_errors=True)
     peaks, cpu = {}, {}
     net = network(cfg)
@@ -125,6 +125,7 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
     pin, cores = bool(share) or c.pin_workers, sorted(share) if share else cores
     spec = cluster_lib.local_spec(cfg.strategy.name, c.workers, c.ps) if topology.clustered else {}
     served = service_spec(cfg) if not independent_workers else {}
+    whole = {**spec, **served}  # (TensorFlow's tasks and the data service's: each task's environment says its part)
     tasks = []
     if not topology.clustered and served:  # one training process, beside its data service
         caps = cluster_lib.thread_caps("worker", 1, cores=len(share)) if share else {}
@@ -134,7 +135,7 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
         for index, address in enumerate(addresses):
             task = cluster_lib.Task(task_type, index, address)
             # The chief coordinates parameter servers and needs few threads; workers share the cores.
-            env = {**cluster_lib.task_env({**spec, **served}, task),
+            env = {**cluster_lib.task_env(whole, task),
                    **cluster_lib.thread_caps(task_type, c.workers, per_worker if pin else c.threads_per_worker)}
             serves = topology.parameter_servers and task_type != "chief"
             pinned = cluster_lib.worker_cores(index, per_worker, cores) if pin and task_type == "worker" else \
@@ -152,15 +153,15 @@ def cluster_tasks(cfg, argv: list, net, cores: list, per_worker: int, forks, ind
     for task_type, addresses in served.items():  # each restarted alone, on its own address, as the trainers go on
         for index, address in enumerate(addresses):
             task = cluster_lib.Task(task_type, index, address)
-            tasks.append(TaskProcess(task.name, net.wrap(argv), cluster_lib.task_env({**spec, **served}, task),
+            tasks.append(TaskProcess(task.name, net.wrap(argv), cluster_lib.task_env(whole, task),
                                      main=False, alone=True, task=task, forks=forks))
-    return {**spec, **served}, tasks
+    return whole, tasks
 
 
 def service_spec(cfg) -> dict:
     """The tf.data service's tasks on this machine (data.service.workers, else none): a dispatcher, which
     keeps its journal in the run directory, and the data workers, ports picked free."""
-    workers = cluster_lib.service_workers(cfg)
+    workers = schema.service_workers(cfg.data)
     if not workers:
         return {}
     return {"dispatcher": [f"127.0.0.1:{portpicker.pick_unused_port()}"],

@@ -59,7 +59,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     try:
         cfg, found, why = _settled(cfg, run_dir, job, overrides)
         topology = Topology.of(cfg)
-        spec, task = placement.this_task(cfg.cluster, cfg.strategy.name, cluster_lib.service_workers(cfg)) \
+        spec, task = placement.this_task(cfg.cluster, cfg.strategy.name, schema.service_workers(cfg.data)) \
             if not topology.local else (None, None)
         run = RunDir(run_dir, cfg)
         _write_config(cfg, run, found)
@@ -75,7 +75,7 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     # (read by TensorFlow as each task starts; the trial's, by the chief at each epoch's end)
     with environment(cpu.onednn_env(cfg.trainer.onednn)), scratch_dir() as scratch, \
             environment(_followed(job, run, cfg, spec, task, Path(scratch))), _share(job, spec) as cores:
-        if not topology.clustered and not (cluster_lib.service_workers(cfg) and topology.local):
+        if not topology.clustered and not schema.service_workers(cfg.data):
             # (forked from this process's server: the next run starts sooner)
             forks = forkserver.shared(run.log("forkserver"))
             outcome = run_tasks([TaskProcess("train", argv, cluster_lib.thread_caps("worker", 1, cores=len(cores))
@@ -268,11 +268,11 @@ def _finish(outcome: Outcome, run: RunDir, config: dict | None, job: Job | None,
         swept = job.values if job else dict(split(o) for o in overrides if not o.startswith(("hydra", "~")))
         storage.record(dashboard.log_session, run, config, swept)
     results = run.read_results() if outcome.status == "ok" else None
-    if results and outcome.peak_rss_mib:  # (the tasks' peaks: known here once they have ended)
-        results["peak_rss_mib"] = outcome.peak_rss_mib
-        run.add_to_results({"peak_rss_mib": outcome.peak_rss_mib})
-    if results and outcome.cpu_seconds:
-        run.add_to_results({"task_cpu_seconds": outcome.cpu_seconds})
+    # (the tasks' peaks and CPU time: known here once they have ended)
+    ended = {k: v for k, v in (("peak_rss_mib", outcome.peak_rss_mib), ("task_cpu_seconds", outcome.cpu_seconds)) if v}
+    if results and ended:
+        results |= ended
+        run.add_to_results(ended)
     if outcome.peak_rss_mib and not job:
         log.info("peak resident memory: %s", memory_line(outcome.peak_rss_mib))
     if any(name.startswith(cluster_lib.SERVICE_TYPES) for name in outcome.cpu_seconds) and not job:

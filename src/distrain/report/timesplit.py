@@ -105,9 +105,10 @@ def verdict(results: dict, data_cfg=None) -> str:
     share = f"{split[what]:.0%} of the training time"
     alone, steps = results.get("input_examples_per_sec"), results.get("steps_examples_per_sec")
     if what == "input" and alone and steps and alone < steps:  # (the input caps the run; the steps cap a fix)
+        fix = input_fix(data_cfg)
         return (f"input-bound: the input pipeline alone delivers {alone:,.0f} examples/s, the steps compute "
                 f"{steps:,.0f} (on the same cores): an input that kept up would give at most {steps / alone:.1f}x"
-                f"{input_fix(data_cfg)}{service_fix(alone, steps, data_cfg, bool(input_fix(data_cfg)))}")
+                f"{fix}{service_fix(alone, steps, data_cfg, bool(fix))}")
     if what == "input":
         return f"input-bound: waiting for the next batch takes {share}" + (
             f" (the input pipeline alone delivers {alone:,.0f} examples/s)" if alone else "") + input_fix(data_cfg)

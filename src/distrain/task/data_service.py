@@ -12,7 +12,6 @@ Runs in a task process (TensorFlow imported): a service task's whole life, or a 
 import hashlib
 import json
 import os
-import time
 
 import tensorflow as tf
 from omegaconf import OmegaConf
@@ -110,12 +109,8 @@ class Served:
 def _wait_for(where: str, timeout: float) -> None:
     """Until the dispatcher at `where` answers (TensorFlow would wait for it without end); a ConfigError
     naming it after `timeout` seconds (cluster.startup_timeout)."""
-    from distrain.common.cluster import unanswered
+    from distrain.common.cluster import first_answer
 
-    deadline = time.monotonic() + timeout
-    while silent := unanswered({"dispatcher": where.removeprefix("grpc://")}):
-        if time.monotonic() > deadline:
-            raise ConfigError(f"the tf.data service's dispatcher {where} did not answer within {timeout:g} s "
-                              f"(cluster.startup_timeout; {silent['dispatcher']}): start it, or fix "
-                              "data.service.address")
-        time.sleep(0.2)
+    if silent := first_answer(where.removeprefix("grpc://"), timeout, interval=0.2):
+        raise ConfigError(f"the tf.data service's dispatcher {where} did not answer within {timeout:g} s "
+                          f"(cluster.startup_timeout; {silent}): start it, or fix data.service.address")

@@ -100,8 +100,8 @@ def finish(cfg, context: RunContext, data, runner, model, rebuild, probabilities
         save_model(saved[0], context.run.saved_model, data.class_names, include_optimizer=plain_keras(saved[1]),
                    pixels=data.shape if data.pixels else None)
     facts = runner.describe(t.batch_size) | {"input_examples_per_sec": rate, "input_cpu_per_example": cpu_per_example}
-    if data_service.address(cfg.data):  # (its examples/s: input_examples_per_sec, read through it)
-        facts["data_service"] = {**OmegaConf.to_container(cfg.data.service), "address": data_service.address(cfg.data)}
+    if where := data_service.address(cfg.data):  # (its examples/s: input_examples_per_sec, read through it)
+        facts["data_service"] = {**OmegaConf.to_container(cfg.data.service), "address": where}
     return trained, test, facts
 
 

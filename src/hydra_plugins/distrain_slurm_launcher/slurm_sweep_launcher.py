@@ -9,10 +9,9 @@ from pathlib import Path
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
 
-from distrain.common import cluster as cluster_lib
 from distrain.common import placement
 from distrain.common.errors import ConfigError
-from distrain.config.schema import CLUSTER_STRATEGIES
+from distrain.config.schema import CLUSTER_STRATEGIES, service_workers
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher, log
 
 
@@ -20,7 +19,7 @@ def job_tasks(cfg) -> int:
     """Slurm tasks one job needs: one per task of its cluster (cluster=slurm), else one."""
     if cfg.cluster.name != "slurm" or cfg.strategy.name not in CLUSTER_STRATEGIES:
         return 1
-    return placement.slurm_tasks(cfg.cluster, cfg.strategy.name, cluster_lib.service_workers(cfg))
+    return placement.slurm_tasks(cfg.cluster, cfg.strategy.name, service_workers(cfg.data))
 
 
 class SlurmSweepLauncher(SlurmLauncher):

@@ -61,6 +61,7 @@ from .task import (
     SparseCategoricalCrossentropy,
     Synthetic,
     TFRecord,
+    service_workers,
 )
 
 

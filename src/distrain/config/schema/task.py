@@ -248,7 +248,6 @@ SHUFFLE_BUFFER = key(10000, "examples in the shuffle buffer (0: no shuffling, th
                      "epoch, as fit(shuffle=False))", NOT_NEGATIVE)
 
 
-
 @dataclass
 class DataService:
     """The tf.data service: a dispatcher and data workers run the training split's input pipeline and
@@ -261,6 +260,12 @@ class DataService:
     address: Optional[str] = key(None, "grpc://host:port of a dispatcher that already runs, instead of one the run "
                                  "starts", Check(lambda v: bool(re.fullmatch(r"(grpc://)?[^:/\s]+:\d{1,5}", v)),
                                                  "must be grpc://host:port"), example="grpc://10.0.0.5:5050")
+
+
+def service_workers(data) -> int:
+    """The data workers of the run's tf.data service that its command starts (data.service.workers; a run
+    directory's config from before the key has none)."""
+    return (data.get("service") or {}).get("workers") or 0
 
 
 def service_key():
