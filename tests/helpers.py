@@ -398,9 +398,9 @@ class MlflowServer:
         return MlflowClient(self.uri)
 
 
-def ctrl_c(sweep_dir, args: list, logs: list, ready: str = "Epoch 1/") -> tuple[int, str]:
-    """A sweep started as a user does, Ctrl-C'd once every log in `logs` shows `ready` (training): its
-    exit status and output. Bounded in time; a sweep that does not end is killed and fails the test."""
+def ctrl_c(sweep_dir, args: list, logs: list, ready: str = "Epoch 1/", then=None) -> tuple[int, str]:
+    """A sweep started as a user does, Ctrl-C'd once every log in `logs` shows `ready` (training), `then()`
+    called: its exit status and output. Bounded in time; a sweep that does not end is killed and fails the test."""
     proc = subprocess.Popen([sys.executable, str(TRAIN_PY), "-m", f"hydra.sweep.dir={sweep_dir}", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=sweep_dir.parent,
                             start_new_session=True)
@@ -410,6 +410,8 @@ def ctrl_c(sweep_dir, args: list, logs: list, ready: str = "Epoch 1/") -> tuple[
             assert proc.poll() is None and time.monotonic() < deadline, "the jobs never got going"
             time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        if then:
+            then()
         out, _ = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -167,6 +167,7 @@ def test_every_section_of_the_benchmark_suite_runs_its_code(tmp_path, monkeypatc
     monkeypatch.setattr(run, "Bench", Bench)
     run.main()  # its own code: the machine's line, the table written
     assert "| startup | `python train.py --help` seconds |" in (tmp_path / "out" / "benchmarks.md").read_text()
+    monkeypatch.setattr(run.tempfile, "tempdir", str(tmp_path))  # (the Bench's work directory: the test's)
     bench = Bench(run.argparse.Namespace(rounds=1, epochs=2, cores=os.sched_getaffinity(0)))
     for section in run.SECTIONS:
         monkeypatch.setattr(run, "FASHION", stand_in if section in ("ps_data", "decode") else tmp_path / "none")

@@ -333,6 +333,18 @@ def test_a_clusters_trial_is_pruned_and_every_task_stops(tmp_path, cluster):
     assert_nothing_left(sweep_dir)
 
 
+HELD = """import os, time
+import tf_keras
+
+
+class Held(tf_keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        deadline = time.monotonic() + 120
+        while not os.path.exists({released!r}) and time.monotonic() < deadline:
+            time.sleep(0.05)
+"""
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_study_and_the_same_command_finishes_it(tmp_path):
     """Ctrl-C while trials 0 and 1 train (2 at once under joblib): both are left to go on with, no other
@@ -343,12 +355,14 @@ def test_ctrl_c_keeps_the_study_and_the_same_command_finishes_it(tmp_path):
 
     from helpers import TRAIN_PY, ctrl_c
 
-    sweep_dir = tmp_path / "sweep"
-    args = ["hparams_search=optuna", "model=mlp", "data=synthetic", "data.train_examples=100000",
+    sweep_dir, released = tmp_path / "sweep", tmp_path / "released"
+    # (Each trial's training held at its start until the Ctrl-C is sent, however far apart the two start.)
+    (tmp_path / "held.py").write_text(HELD.format(released=str(released)))
+    args = ["hparams_search=optuna", "model=mlp", "data=synthetic", "data.train_examples=1024",
             "data.test_examples=256", "trainer.epochs=1", "hydra.sweeper.n_trials=4", "hydra/launcher=joblib",
-            "hydra.launcher.n_jobs=2"]
+            "hydra.launcher.n_jobs=2", "+callbacks.held={_target_: held.Held}"]
     code, out = ctrl_c(sweep_dir, args, [sweep_dir / job / "logs" / "train.log" for job in ("0", "1")],
-                       ready="steps per epoch")
+                       ready="steps per epoch", then=released.touch)
     assert code == 130, out[-3000:]
     first = study_of(sweep_dir).trials
     assert [(t.number, t.state.name, t.user_attrs.get("interrupted")) for t in first] == \
