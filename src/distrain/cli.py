@@ -3,8 +3,10 @@
 `distrain summarize DIR` (re)builds the summary of a sweep directory; `distrain stacks RUN_DIR` shows
 where each task of a running run is.
 """
+import atexit
 import contextlib
 import difflib
+import gc
 import logging
 import os
 import re
@@ -362,6 +364,10 @@ def _unwritten(exc: OSError, command: str | None, overrides: list) -> str:
 
 def main() -> None:
     os.environ.setdefault(STARTED, str(time.time()))  # for results.json's seconds_to_first_step
+    # At the process's end, every object out of the collector's sight: the interpreter's teardown then frees
+    # them without its collections passing over them all (0.25 s a run; 0.7-1.1 s with MLflow's modules).
+    atexit.unregister(gc.freeze)  # (once: a script or test may call main() again)
+    atexit.register(gc.freeze)
     if os.getcwd() not in sys.path:  # a user's model or data module, as the tasks (python -m) import it
         sys.path.insert(1, os.getcwd())
     if sys.argv[1:2] == ["summarize"]:
