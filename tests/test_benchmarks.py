@@ -9,6 +9,7 @@ it. What the benchmarks run in their own process (the tf.data pipeline section, 
 the CPU's reading) and the scripts that train without train.py (ceiling.py, plain_keras.py) run for real.
 """
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from distrain.common.errors import ConfigError
 from distrain.config.validate import validate
 
 from helpers import ROOT, make_cfg
@@ -62,6 +64,15 @@ class Commands:
             overrides = [a for a in args[1:] if "=" in a and a.split("=", 1)[0] not in options]
             self.check(overrides)
             return "Predicted 10 examples of x (y) in 0.1 s, 1,234 examples/s: written to z\n"
+        if uri := next((a.split("=", 1)[1] for a in args if a.startswith("logger.mlflow.tracking_uri=")), None):
+            from distrain.report import mlflow_store
+
+            mlflow_store.answers(uri)  # (a server's that does not answer: its one line, exit 2, as the product)
+        if args[:1] == ["-m"]:  # a sweep: each job's config checked
+            swept = [a for a in args[1:] if not a.startswith("hydra.")]
+            for values in itertools.product(*(a.split("=", 1)[1].split(",") for a in swept)):
+                self.check([f"{a.split('=', 1)[0]}={v}" for a, v in zip(swept, values)])
+            return ""
         run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
         overrides = [a for a in args if not a.startswith("hydra.")]
         self.runs.append(overrides)
@@ -92,8 +103,12 @@ class FakePopen:
     def __init__(self, commands: Commands, argv, **_):
         self.argv, self.returncode, self.pid, self.polled = [str(a) for a in argv], 0, os.getppid(), False
         program = Path(self.argv[1]).name if len(self.argv) > 1 else ""
+        self.err = ""
         if program == "train.py":
-            self.out = commands.train(self.argv)
+            try:
+                self.out = commands.train(self.argv)
+            except ConfigError as exc:  # (bad input: one line, exit 2)
+                self.out, self.err, self.returncode = "", f"error: {exc}\n", 2
         elif program == "scaling.py":
             self.out = run_main(load("scaling"), commands, self.argv[2:])
         else:  # plain_keras.py, ceiling.py, plain Keras's predict (-c)
@@ -120,9 +135,13 @@ def run_main(module, commands: Commands, argv: list) -> str:
 
     saved = sys.argv
     sys.argv = [module.__file__, *argv]
+    def ran(argv, **_):
+        proc = FakePopen(commands, argv)
+        return subprocess.CompletedProcess(argv, proc.returncode, proc.out, proc.err)
+
     module.subprocess = type("FakeSubprocess", (), {
         "Popen": staticmethod(lambda argv, **kw: FakePopen(commands, argv, **kw)),
-        "run": staticmethod(lambda argv, **kw: subprocess.CompletedProcess(argv, 0, FakePopen(commands, argv).out, "")),
+        "run": staticmethod(ran),
         "PIPE": subprocess.PIPE, "STDOUT": subprocess.STDOUT})
     out = io.StringIO()
     try:
@@ -191,13 +210,14 @@ def test_a_key_the_product_no_longer_has_fails_the_fake_run(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, argv", [
     ("accumulate", ["--rounds", "1", "--steps", "2"]),
-    ("tracking", ["--rounds", "1"]),
+    ("tracking", ["--rounds", "1", "--jobs", "2"]),
 ])
 def test_a_benchmark_of_train_py_runs_its_code(name, argv):
     """Its commands checked and its figures computed from faked runs; one JSON line printed."""
     commands = Commands()
-    line = run_main(load(name), commands, argv).strip().splitlines()[-1]
-    assert "range" in json.loads(line) or "seconds_ratio" in json.loads(line)
+    found = json.loads(run_main(load(name), commands, argv).strip().splitlines()[-1])
+    assert "range" in found or {"default_seconds_ratio", "mlp_2_epochs_seconds_ratio", "sweep_seconds_added_per_job",
+                                "unreachable_seconds"} <= set(found), found
     assert commands.runs
 
 

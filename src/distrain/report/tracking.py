@@ -9,9 +9,10 @@ logged live and one logged after the fact are logged alike. Which MLflow run is 
 of its epochs are logged there, is kept in the run's mlflow.json per tracking URI: a resumed run, a
 restarted one and `distrain log` go on with the same MLflow run, logging each epoch once.
 
-Costs: importing MLflow and creating the run, 2.5 s of the launcher's CPU, beside the tasks' start (Beside:
-a 2-epoch run's wall 1.21x logger=tensorboard's, 1.79x when it came first); a call to a server per few
-seconds of training while epochs end; the model's files copied once at the end (about 1 s).
+Costs: importing MLflow and creating the run, 2.5 s of the launcher's CPU, beside the tasks' start (Beside;
+a sweep's parent run beside its jobs' fork server, launch.start_ahead); a call to a server per few seconds of
+training while epochs end; the model's files copied once at the end (0.5 s). A 2-epoch run's wall: 0.87-1.07x
+logger=tensorboard's (benchmarks/tracking.py).
 """
 import contextlib
 import importlib.metadata
