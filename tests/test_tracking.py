@@ -336,3 +336,20 @@ def test_a_refused_resume_leaves_the_runs_mlflow_run_as_it_was(tmp_path):
     assert run_cli(run_dir, *TINY, "trainer.epochs=3", "trainer.resume=true", *tracked).returncode == 0
     assert client.get_run(run_id).info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_sweep_s_jobs_fork_from_a_server_started_beside_its_parent_run(tmp_path):
+    """A sweep whose jobs run one after another in its process: the fork server they fork from started as
+    the sweep started (its log in the sweep's logs/), importing TensorFlow while MLflow makes the parent run,
+    not by the first job. Control: a run started alone starts its own (its log in the run's logs/)."""
+    sweep_dir = tmp_path / "sweep"
+    out = sweep_cli(sweep_dir, *TINY, "trainer.epochs=1", "trainer.learning_rate=0.001,0.002",
+                    "trainer.save_model=false", "logger=mlflow", process=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert (sweep_dir / "logs" / "forkserver.log").exists()
+    assert [RunDir(sweep_dir / job).ended() for job in ("0", "1")] == ["ok", "ok"]
+    assert not list(sweep_dir.glob("*/logs/forkserver.log"))
+    alone = run_cli(tmp_path / "alone", *TINY, "trainer.epochs=1", "trainer.save_model=false", process=True)
+    assert alone.returncode == 0 and (tmp_path / "alone" / "logs" / "forkserver.log").exists()
+    assert_nothing_left(tmp_path)
