@@ -510,3 +510,26 @@ def test_a_diverging_parameter_server_run_stops_with_one_line(tmp_path):
     assert not (run_dir / "results.json").exists()  # nothing claims success
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert_nothing_left(run_dir)
+
+
+@pytest.mark.parametrize("workers", [2, 1])
+def test_the_terminal_shows_each_epoch_s_last_progress_and_the_chief_s_set_up(tmp_path, workers):
+    """multi_worker_mirrored with progress bars (trainer.verbose=1): the terminal's last progress line of each
+    epoch is the epoch's last step (8/8), as the chief's log keeps it; the chief's precision and optimizer
+    lines are there, a 1-worker cluster's too (its lines as a one-process run's, without the task's name)."""
+    out = run_cli(tmp_path / "run", "strategy=multi_worker_mirrored", f"cluster.workers={workers}",
+                  *SYNTHETIC_THREE_EPOCHS[:3], "trainer.epochs=2", "trainer.verbose=1", "trainer.save_model=false",
+                  "model=mlp")
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said[-3000:]
+    for text in (said, (tmp_path / "run" / "logs" / "worker-0.log").read_text()):
+        shown = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
+        epochs = [i for i, line in enumerate(shown) if re.search(r"Epoch \d/2$", line)]
+        assert len(epochs) == 2, shown
+        for first, end in zip(epochs, [*epochs[1:], len(shown)]):  # the last progress line of each epoch
+            progress = [line for line in shown[first:end] if re.search(r"\d+/\d+ \[", line)]
+            assert progress and re.search(r"\b8/8 \[", progress[-1]), shown[first:end]
+    named = "[worker-0] " if workers > 1 else ""  # (a task alone speaks as a run of one process does)
+    for what in ("precision: ", "cpu kernels: ", "optimizer: adam"):
+        assert any(line.startswith(named + what) for line in said.splitlines()), (what, said[-3000:])
+    assert_nothing_left(tmp_path)
