@@ -1,5 +1,12 @@
 """What the supervisor does when a task ends: decide() is a function of the task's state alone, and
-each task of a local cluster gets the state its kind calls for. No process is started here."""
+each task of a local cluster gets the state its kind calls for. No task is started here (stop_all's wait:
+plain processes that take their time to end)."""
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -186,3 +193,36 @@ def test_a_lone_tasks_death_by_a_signal_names_it_and_how_to_go_on():
         "task train was killed by SIGKILL (signal 9): go on from its latest checkpoint with trainer.resume=true " \
         "hydra.run.dir=out/run"
     assert signalled("train", -200, "run", True).startswith("task train was killed by signal 200: ")  # no such signal
+
+
+class Slow(SimpleNamespace):
+    """A process that ends `after` seconds after SIGTERM (a task saving its step), as stop_all sees a task."""
+
+    def __init__(self, name: str, after: float):
+        code = ("import signal, sys, time; "
+                f"signal.signal(signal.SIGTERM, lambda *_: (time.sleep({after}), sys.exit(0))); "
+                "print('up', flush=True); time.sleep(60)")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "up\n"
+        super().__init__(name=name, proc=proc, main=True, alone=False, task=None)
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+
+def test_stopping_tasks_that_take_their_time_says_what_the_launcher_waits_for(caplog):
+    """A task still saving its step after SAY_WAIT_SECONDS: one line names it and the seconds left before
+    SIGKILL, and it ends on its own. Control: a task that ends at once gets no such line."""
+    quick, slow = Slow("worker-1", 0), Slow("worker-0", supervisor.SAY_WAIT_SECONDS + 1)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="distrain"):
+        supervisor.stop_all([quick, slow])
+    assert supervisor.SAY_WAIT_SECONDS < time.monotonic() - started < supervisor.STOP_GRACE_SECONDS
+    assert slow.proc.returncode == 0 and quick.proc.returncode == 0  # (each ended by itself, not SIGKILLed)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and re.match(r"waiting up to \d+ s more for worker-0 to save the step ", said[0]), said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="distrain"):
+        supervisor.stop_all([Slow("worker-0", 0)])
+    assert not caplog.records

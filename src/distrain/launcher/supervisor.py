@@ -29,6 +29,7 @@ from distrain.report.results import seconds_since_start
 log = logging.getLogger("distrain")
 
 STOP_GRACE_SECONDS = 10
+SAY_WAIT_SECONDS = 2.0  # tasks still stopping by then: the launcher says what it waits for, and how long
 # What a data worker's restart costs the run (TensorFlow's guarantee under dynamic sharding: at most once)
 LOST_SPLITS = {"data_worker": "; the trainers go on, and under data.service.sharding=dynamic the examples of the "
                               "split it was reading are skipped this pass"}
@@ -427,18 +428,31 @@ def stop_all(tasks: list) -> None:
     under parameter servers needs the ps and worker servers, stopped only then. A chief none of whose
     workers is left cannot finish its step (its functions wait for a worker): SIGKILL at once, as the
     grace period would end."""
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    started = time.monotonic()
+    deadline = started + STOP_GRACE_SECONDS
     workers = [t for t in tasks if t.alone and same_kind(t.task, "worker")]
     stranded = bool(workers) and all(t.proc is None or t.proc.poll() is not None for t in workers)
     for group in ([t for t in tasks if t.main], [t for t in tasks if not t.main]):
         for task in group:
             task.stop(signal.SIGKILL if stranded and task.main else signal.SIGTERM)
-        for task in group:
-            if task.proc is None:
-                continue
-            try:
-                task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        waiting = [t for t in group if t.proc is not None]
+        _ended_by(waiting, min(deadline, started + SAY_WAIT_SECONDS))
+        if still := [t.name for t in waiting if t.proc.poll() is None]:
+            log.warning("waiting up to %.0f s more for %s to save the step under way and stop%s, then SIGKILL",
+                        max(0.0, deadline - time.monotonic()), ", ".join(still),
+                        " (a synchronous peer lost can hold it up)" if len(tasks) > 1 else "")
+        _ended_by(waiting, deadline)
+        for task in waiting:
+            if task.proc.poll() is None:
                 task.stop(signal.SIGKILL)
                 task.proc.wait()
+
+
+def _ended_by(tasks: list, deadline: float) -> None:
+    """Waits for the tasks to end, until the deadline at most."""
+    for task in tasks:
+        try:
+            task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
 
