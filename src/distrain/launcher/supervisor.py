@@ -2,6 +2,7 @@
 death and silence, restarts what may be restarted, and ends every one of them on success, failure,
 Ctrl-C or SIGTERM. What to do when a task ends is decided by `restarts.decide`, a function of its state
 alone; what of a task's output reaches the terminal, by `task_output.route`."""
+import contextlib
 import logging
 import os
 import signal
@@ -428,31 +429,22 @@ def stop_all(tasks: list) -> None:
     under parameter servers needs the ps and worker servers, stopped only then. A chief none of whose
     workers is left cannot finish its step (its functions wait for a worker): SIGKILL at once, as the
     grace period would end."""
-    started = time.monotonic()
-    deadline = started + STOP_GRACE_SECONDS
+    deadline = (started := time.monotonic()) + STOP_GRACE_SECONDS
     workers = [t for t in tasks if t.alone and same_kind(t.task, "worker")]
     stranded = bool(workers) and all(t.proc is None or t.proc.poll() is not None for t in workers)
     for group in ([t for t in tasks if t.main], [t for t in tasks if not t.main]):
         for task in group:
             task.stop(signal.SIGKILL if stranded and task.main else signal.SIGTERM)
         waiting = [t for t in group if t.proc is not None]
-        _ended_by(waiting, min(deadline, started + SAY_WAIT_SECONDS))
-        if still := [t.name for t in waiting if t.proc.poll() is None]:
-            log.warning("waiting up to %.0f s more for %s to save the step under way and stop%s, then SIGKILL",
-                        max(0.0, deadline - time.monotonic()), ", ".join(still),
-                        " (a synchronous peer lost can hold it up)" if len(tasks) > 1 else "")
-        _ended_by(waiting, deadline)
+        for until in (min(deadline, started + SAY_WAIT_SECONDS), deadline):
+            for task in waiting:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    task.proc.wait(timeout=max(0.0, until - time.monotonic()))
+            if (still := [t.name for t in waiting if t.proc.poll() is None]) and until < deadline:
+                log.warning("waiting up to %.0f s more for %s to save the step under way and stop%s, then SIGKILL",
+                            max(0.0, deadline - time.monotonic()), ", ".join(still),
+                            " (a synchronous peer lost can hold it up)" if len(tasks) > 1 else "")
         for task in waiting:
             if task.proc.poll() is None:
                 task.stop(signal.SIGKILL)
                 task.proc.wait()
-
-
-def _ended_by(tasks: list, deadline: float) -> None:
-    """Waits for the tasks to end, until the deadline at most."""
-    for task in tasks:
-        try:
-            task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return
-
