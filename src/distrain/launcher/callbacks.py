@@ -1,16 +1,21 @@
-"""The launcher's Hydra callback (conf/config.yaml's hydra.callbacks): a run or a sweep never lands on
+"""The launcher's Hydra callbacks (conf/config.yaml's hydra.callbacks): a run or a sweep never lands on
 an earlier one's directory, and a command refused in a run's directory leaves it as it found it (its
-files taken before Hydra writes there). Runs in the command's process, before Hydra writes anything."""
+files taken before Hydra writes there); a sweep's jobs' fork server starts with the sweep where its
+set-up would hold the first job up. Run in the command's process, before Hydra writes anything."""
 import sys
 from collections import Counter
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from distrain.common import cpu
 from distrain.common.errors import print_error
 from distrain.common.rundir import RunDir
 from distrain.common.topology import Topology
-from distrain.report import results
+from distrain.config import schema
+from distrain.launcher import forkserver
+from distrain.report import results, tracking
+from distrain.report.sweep import runs_jobs_apart
 
 
 class KeepEarlierRuns(Callback):
@@ -39,6 +44,21 @@ class KeepEarlierRuns(Callback):
                     f"{', '.join(f'{n} {how}' for how, n in sorted(ends.items()))}): rerun it with "
                     "trainer.resume=auto to finish what is unfinished, set another hydra.sweep.dir, or remove "
                     f"{sweep_dir}")
+
+
+class ForkServerAhead(Callback):
+    """Hydra callback (conf/config.yaml): a sweep whose jobs run one after another in this process, with
+    set-up before its first job (its MLflow parent run: 4 s of imports, report/sweep.py), gets their fork
+    server started now, importing TensorFlow meanwhile, as the first job would start it (forkserver.shared),
+    where the sweep's config makes its jobs one-process runs. A job that differs starts its own, as before."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        if not tracking.wanted(config) or runs_jobs_apart(config.hydra.launcher) or Topology.of(config).clustered \
+                or schema.service_workers(config.data):
+            return
+        # (TensorFlow's import-time environment as the jobs' launches set it: the same server for them)
+        forkserver.shared(RunDir(Path(config.hydra.sweep.dir)).log("forkserver"),
+                          env=cpu.onednn_env(config.trainer.onednn))
 
 
 _BEFORE = {}  # run directory: its files as this command found them (RunDir.snapshot), where it held a run

@@ -42,8 +42,8 @@ class ForkServer:
     `wrap(argv)` runs the server where the tasks must run (PrivateNetwork.wrap). If the server
     cannot start, `available` is False, and `reason` says why: tasks then start the usual way."""
 
-    def __init__(self, label: str, log_path: Path, wrap=lambda argv: argv):
-        self.label, self.log_path, self.wrap = str(label), log_path, wrap
+    def __init__(self, label: str, log_path: Path, wrap=lambda argv: argv, env: dict | None = None):
+        self.label, self.log_path, self.wrap, self.env = str(label), log_path, wrap, env or {}
         self.available, self.reason, self.proc = False, "", None
         self._children, self._exited, self._replies, self._lock = {}, {}, [], threading.Lock()
         self._replied = threading.Condition(self._lock)
@@ -53,7 +53,7 @@ class ForkServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with theirs, open(self.log_path, "wb") as log_file:
             # One BLAS thread: the server must hold no thread when it forks (numpy's BLAS starts some).
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
+            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
             self.proc = subprocess.Popen(
                 self.wrap([sys.executable, "-m", "distrain.launcher.forkserver", self.label, str(theirs.fileno())]),
                 env=env,
@@ -142,17 +142,18 @@ class ForkServer:
         self._reader.join(timeout=5)
 
 
-def shared(log_path: Path, wrap=None) -> ForkServer:
+def shared(log_path: Path, wrap=None, env: dict | None = None) -> ForkServer:
     """The server of this process, started by its first run (or evaluate, predict), kept for the next
     (until this process exits) while the environment TensorFlow reads as it is imported (IMPORT_TIME_ENV,
-    as this process has it now: the server inherits it) and where the tasks run (`wrap`: a local
-    cluster's network) stay the same. The server's output goes to the first run's log_path."""
-    key = (tuple(os.environ.get(name) for name in IMPORT_TIME_ENV), wrap)
+    as this process has it now with `env` over it: the server inherits it) and where the tasks run (`wrap`:
+    a local cluster's network) stay the same. The server's output goes to the first run's log_path."""
+    env = env or {}
+    key = (tuple(env.get(name, os.environ.get(name)) for name in IMPORT_TIME_ENV), wrap)
     server = _SHARED.get(key)
     if server is None or server.reason:  # (one that died is replaced)
         if server is not None:
             server.__exit__()
-        server = _SHARED[key] = ForkServer("(shared)", log_path, wrap or (lambda argv: argv)).__enter__()
+        server = _SHARED[key] = ForkServer("(shared)", log_path, wrap or (lambda argv: argv), env).__enter__()
         if len(_SHARED) == 1:
             atexit.register(_close_shared)
     return server

@@ -90,16 +90,6 @@ def launch(cfg, run_dir: Path, job: Job | None = None, overrides=()) -> int:
     return _finish(outcome, run, config, job, overrides, tracked, before)
 
 
-def start_ahead(cfg, sweep_dir: Path) -> None:
-    """A sweep whose jobs run one after another in this process, with set-up before its first job (its
-    MLflow parent run: 4 s of imports): the jobs' fork server started now, importing TensorFlow meanwhile,
-    as the first job would start it (forkserver.shared), where the sweep's config makes its jobs one-process
-    runs. A job that differs starts its own, as before."""
-    if not Topology.of(cfg).clustered and not schema.service_workers(cfg.data):
-        with environment(cpu.onednn_env(cfg.trainer.onednn)):  # (as the job's: the same server for it)
-            forkserver.shared(RunDir(sweep_dir).log("forkserver"))
-
-
 @dataclass
 class Before:
     """The run a command found in its directory: its files (RunDir.snapshot; None: no run there) and its

@@ -109,10 +109,6 @@ class SweepSummary(Callback):
         (SweepSummary.sweep_dir / STOPPED).unlink(missing_ok=True)  # a rerun sweep's, from its last run
         if runs_jobs_apart(config.hydra.launcher):  # (the processes the launcher starts inherit it)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if "mlflow" in (config.get("logger") or {}) and not runs_jobs_apart(config.hydra.launcher):
-            from distrain.launcher import launch
-
-            launch.start_ahead(config, SweepSummary.sweep_dir)  # (TensorFlow's import beside MLflow's, next)
         _tracked_sweep(config)  # (before any job: each finds its parent in the sweep directory)
 
     def on_multirun_end(self, config, **kwargs) -> None:

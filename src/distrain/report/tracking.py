@@ -10,7 +10,7 @@ of its epochs are logged there, is kept in the run's mlflow.json per tracking UR
 restarted one and `distrain log` go on with the same MLflow run, logging each epoch once.
 
 Costs: importing MLflow and creating the run, 2.5 s of the launcher's CPU, beside the tasks' start (Beside;
-a sweep's parent run beside its jobs' fork server, launch.start_ahead); a call to a server per few seconds of
+a sweep's parent run beside its jobs' fork server, callbacks.ForkServerAhead); a call to a server per few seconds of
 training while epochs end; the model's files copied once at the end (0.5 s). A 2-epoch run's wall: 0.87-1.07x
 logger=tensorboard's (benchmarks/tracking.py).
 """
